@@ -1,0 +1,16 @@
+# Warnings as errors on our own targets only, and the sanitizer switch.
+function(dlasync_set_warnings target)
+  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+endfunction()
+
+if(DLASYNC_SANITIZE STREQUAL "address")
+  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=address,undefined)
+elseif(DLASYNC_SANITIZE STREQUAL "thread")
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+elseif(NOT DLASYNC_SANITIZE STREQUAL "")
+  message(FATAL_ERROR "DLASYNC_SANITIZE must be empty, 'address' or 'thread', "
+                      "got '${DLASYNC_SANITIZE}'")
+endif()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds dlasync and runs its test suite, on a fresh Debian 12 machine too:
+# installs the Debian packages that are missing, configures, builds, and runs
+# ctest.
+#
+#   scripts/run-tests.sh                    plain build in build/
+#   scripts/run-tests.sh --sanitize address ASan+UBSan build in build-asan/
+#   scripts/run-tests.sh --sanitize thread  TSan build in build-tsan/
+#
+# CUDA support is built when a CUDA toolkit is found (also at /usr/local/cuda
+# when nvcc is not on PATH); tests that need a GPU skip themselves without one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+sanitize=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --sanitize) sanitize="${2:?--sanitize needs address or thread}"; shift 2 ;;
+    *) echo "usage: $0 [--sanitize address|thread]" >&2; exit 2 ;;
+  esac
+done
+
+bash scripts/install-deps.sh
+
+build_dir=build${sanitize:+-$sanitize}
+[ "$sanitize" = address ] && build_dir=build-asan
+[ "$sanitize" = thread ] && build_dir=build-tsan
+
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize"
+cmake --build "$build_dir" --parallel "$(nproc)"
+ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" --timeout 300

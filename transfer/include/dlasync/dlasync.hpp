@@ -1,0 +1,14 @@
+// dlasync/dlasync.hpp
+//
+// The umbrella header: everything a user of dlasync needs.
+#pragma once
+
+#include "dlasync/runtime/device.hpp"
+#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/runtime/topology.hpp"
+#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/transfer/validate.hpp"

@@ -1,0 +1,60 @@
+// dlasync/transfer/import_options.hpp
+//
+// `dlasync::import_options` is what a caller asks of one import: where the
+// tensor should land, whether it may or must be copied, on which stream the
+// producer's writes are ordered, and what layout the result must have.
+//
+// Example:
+//
+//   dlasync::import_options o;
+//   o.target = dlasync::device{dlasync::device_kind::cpu, 1};
+//   o.copy = false;              // refuse anything that would need a copy
+//   o.require_contiguous = true; // row-major, or a copy
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "dlasync/runtime/device.hpp"
+
+namespace dlasync {
+
+// The most dimensions an imported tensor may have (NumPy 2 allows 64 too).
+inline constexpr int max_ndim = 64;
+
+// The largest `min_alignment` a caller may ask for.
+inline constexpr std::size_t max_alignment = std::size_t{1} << 20;
+
+// The DLPack stream value meaning "do not synchronize: the caller orders".
+inline constexpr std::int64_t stream_no_sync = -1;
+
+struct import_options {
+  // Where the tensor should land. Empty: the source's own device, which must
+  // then be addressable and served; an import never moves data silently.
+  std::optional<device> target;
+
+  // true: always copy (a producer copy flagged IS_COPIED counts as one);
+  // false: never copy, refuse when a copy is needed; empty: copy only when
+  // the target, alignment, contiguity or writability ask for it.
+  std::optional<bool> copy;
+
+  // The producer's stream in DLPack's encoding: empty or -1 for none (the
+  // caller orders); for CUDA memory 1 (legacy default), 2 (per-thread
+  // default) or a cudaStream_t; 0 is ambiguous and refused. Host memory has
+  // no streams: only none is legal there.
+  std::optional<std::int64_t> stream;
+
+  // The result must be compact row-major.
+  bool require_contiguous = false;
+
+  // The result must be writable: read-only sources (flag READ_ONLY, zero or
+  // negative strides) are then copied.
+  bool require_writable = false;
+
+  // Bytes the first element's address must be a multiple of, a power of two.
+  // 0 asks for the element size, which is always required.
+  std::size_t min_alignment = 0;
+};
+
+}  // namespace dlasync

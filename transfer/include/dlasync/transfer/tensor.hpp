@@ -1,0 +1,109 @@
+// dlasync/transfer/tensor.hpp
+//
+// `dlasync::tensor` is an imported tensor: its device, dtype, shape, strides
+// (in elements), data and whether it is a zero-copy view of the producer's
+// memory or a copy that dlasync owns. A tensor is a cheap shared handle:
+// copies of it share one state. A view keeps the producer's managed tensor
+// alive and calls its deleter exactly once, when the last reference (tensor
+// copies and exported managed tensors alike) goes away.
+//
+// Example:
+//
+//   dlasync::managed_tensor source(producer_export());
+//   absl::StatusOr<dlasync::tensor> t = dlasync::import_view(source, {}, registry);
+//   if (!t.ok()) return t.status();  // `source` still owns the tensor
+//   float* x = static_cast<float*>(t->data());
+//   DLManagedTensorVersioned* out = *t->to_dlpack_versioned();  // hand on
+//
+// A tensor is read-only when the producer flagged it READ_ONLY or when its
+// strides are zero (broadcast) or negative; writing through `data()` is then
+// the caller's error.
+//
+// Thread safety: distinct objects are safe; a shared object is safe for
+// concurrent const use. The referenced memory is not synchronized.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "dlasync/transfer/detail/tensor_state.hpp"
+#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/validate.hpp"
+
+namespace dlasync {
+
+class tensor {
+ public:
+  // An empty tensor.
+  tensor() noexcept = default;
+
+  // A view of `source`'s memory as `plan` (from plan_import on `source`)
+  // describes, on `plan.target`. Takes ownership of `source`.
+  static tensor make_view(managed_tensor source, const import_plan& plan);
+
+  bool empty() const noexcept { return state_ == nullptr; }
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+
+  // The accessors below require a non-empty tensor.
+  dlasync::device device() const noexcept { return state_->device; }
+  dlasync::dtype dtype() const noexcept { return state_->type; }
+  std::int32_t ndim() const noexcept { return state_->ndim; }
+  std::span<const std::int64_t> shape() const noexcept {
+    return {state_->dims.data(), static_cast<std::size_t>(state_->ndim)};
+  }
+  // Strides in elements; always present, also when the producer gave NULL.
+  std::span<const std::int64_t> strides() const noexcept {
+    return {state_->dims.data() + state_->ndim, static_cast<std::size_t>(state_->ndim)};
+  }
+  std::int64_t element_count() const noexcept { return state_->element_count; }
+  // Bytes of the elements stored compactly (packed for sub-byte types).
+  std::uint64_t byte_size() const noexcept { return state_->byte_size; }
+  // The first element.
+  void* data() const noexcept {
+    return state_->data == nullptr ? nullptr
+                                   : static_cast<char*>(state_->data) + state_->byte_offset;
+  }
+  // DLPack's pair: the first element is at dl_data() + byte_offset().
+  void* dl_data() const noexcept { return state_->data; }
+  std::uint64_t byte_offset() const noexcept { return state_->byte_offset; }
+  bool read_only() const noexcept { return state_->read_only; }
+  bool is_compact() const noexcept { return state_->compact; }
+  tensor_storage storage() const noexcept { return state_->storage; }
+  bool is_view() const noexcept { return state_->storage == tensor_storage::view; }
+  bool is_copy() const noexcept { return state_->storage == tensor_storage::copy; }
+  // The producer's DLPack flags that dlasync knows (READ_ONLY, IS_COPIED,
+  // IS_SUBBYTE_TYPE_PADDED); READ_ONLY is also set for read-only strides.
+  std::uint64_t flags() const noexcept { return state_->flags; }
+  // References to the state: tensor copies plus live exports.
+  long use_count() const noexcept { return state_.use_count(); }
+
+  // Exports a new versioned managed tensor (DLPack 1.3) that shares this
+  // tensor's memory; its deleter drops the reference. The caller owns the
+  // result and must call its deleter once.
+  //   FailedPrecondition on an empty tensor.
+  absl::StatusOr<DLManagedTensorVersioned*> to_dlpack_versioned() const;
+
+  // The same as a legacy managed tensor. Legacy DLPack cannot say
+  // "read-only", so read-only tensors are refused (FailedPrecondition)
+  // rather than handed on as writable: export them versioned, or copy.
+  absl::StatusOr<DLManagedTensor*> to_dlpack_legacy() const;
+
+ private:
+  explicit tensor(std::shared_ptr<const detail::tensor_state> state) noexcept
+      : state_(std::move(state)) {}
+
+  std::shared_ptr<const detail::tensor_state> state_;
+};
+
+// Imports `source` as a zero-copy view when `options` allow one: validates
+// and plans (plan_import), then takes `source` only on success. When a copy
+// would be needed it fails with FailedPrecondition naming why, and `source`
+// keeps the tensor; the asynchronous import makes copies.
+absl::StatusOr<tensor> import_view(managed_tensor& source, const import_options& options,
+                                   const device_registry& registry);
+
+}  // namespace dlasync

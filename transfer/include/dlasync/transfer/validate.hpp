@@ -1,0 +1,90 @@
+// dlasync/transfer/validate.hpp
+//
+// Up-front validation: `plan_import` decides, before anything is consumed or
+// scheduled, whether a DLPack tensor can be imported as `import_options`
+// asks, and what the import must do (view or copy, and why). It reads the
+// tensor's description (version, flags, device, ndim, dtype, shape, strides,
+// byte offset, the data pointer's value) and never the tensor's data. It
+// takes nothing: on error the caller still owns the tensor.
+//
+// Example:
+//
+//   absl::StatusOr<dlasync::import_plan> plan =
+//       dlasync::plan_import(tensor, options, registry);
+//   if (!plan.ok()) return plan.status();  // tensor untouched
+//   if (plan->needs_copy()) ...             // plan->copy_reason_text() says why
+//
+// Status codes (docs/validation.md lists every rule and message):
+//   InvalidArgument    malformed tensor or options (NULL pointers, negative
+//                      ndim or extents, bits not valid for the type, bad stream);
+//   OutOfRange         sizes beyond limits: ndim above max_ndim, element count,
+//                      byte size or address span overflowing 64 bits;
+//   Unimplemented      legal DLPack that dlasync does not import: newer major
+//                      version, vector lanes, opaque handles, padded sub-byte
+//                      types, device kinds no backend of this build serves;
+//   FailedPrecondition a device of another process, or copy=false while a
+//                      copy is needed;
+//   NotFound           a device ordinal that does not exist in this process.
+//
+// Thread safety: a pure function; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+
+namespace dlasync {
+
+// Why an import must copy; a plan holds a set of these as bits.
+enum class copy_reason : std::uint8_t {
+  requested = 1,     // copy=true and the producer did not copy already
+  cross_device = 2,  // the target is another memory space than the source
+  alignment = 4,     // the first element is less aligned than required
+  contiguity = 8,    // require_contiguous and the strides are not row-major
+  writable = 16,     // require_writable and the source is read-only
+};
+
+struct import_plan {
+  device source;
+  device target;
+  dtype type;
+  std::int32_t ndim = 0;
+  std::int64_t element_count = 0;
+  // Bytes of the elements stored compactly (packed for sub-byte types).
+  std::uint64_t byte_size = 0;
+  // The bytes the strides reach, relative to the first element's address:
+  // [span_begin, span_end); both 0 for a size-0 tensor.
+  std::int64_t span_begin = 0;
+  std::int64_t span_end = 0;
+  bool compact = false;    // row-major (extents of 1 may have any stride)
+  bool read_only = false;  // READ_ONLY, or zero or negative strides
+  bool versioned = false;
+  std::uint64_t flags = 0;     // the known versioned flags
+  std::size_t alignment = 1;   // what the target requires of the first element
+  std::uintptr_t address = 0;  // the first element's address (data + byte_offset)
+  std::uint8_t copy_reasons = 0;
+
+  bool needs_copy() const noexcept { return copy_reasons != 0; }
+  bool has(copy_reason r) const noexcept {
+    return (copy_reasons & static_cast<std::uint8_t>(r)) != 0;
+  }
+  // "cross-device (cpu:0 to cpu:1), alignment (...)", or "none".
+  std::string copy_reason_text() const;
+};
+
+// Validates `tensor` against `options` and the devices of `registry`, and
+// plans the import. See the file comment for the codes.
+absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const import_options& options,
+                                        const device_registry& registry);
+
+// The same checks, when only the verdict is wanted.
+absl::Status validate_dlpack(const managed_tensor& tensor, const import_options& options,
+                             const device_registry& registry);
+
+}  // namespace dlasync
