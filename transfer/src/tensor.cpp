@@ -11,6 +11,20 @@ struct view_state final : detail::tensor_state {
   managed_tensor source;
 };
 
+struct copy_state final : detail::tensor_state {
+  device_buffer buffer;
+};
+
+void fill_compact_strides(detail::tensor_state& state) {
+  std::int64_t* shape = state.dims.data();
+  std::int64_t* strides = shape + state.ndim;
+  std::int64_t stride = 1;
+  for (std::int32_t i = state.ndim - 1; i >= 0; --i) {
+    strides[i] = stride;
+    stride *= std::max<std::int64_t>(shape[i], 1);
+  }
+}
+
 // An exported managed tensor: the DLPack struct, its own copy of the extents
 // and strides (a consumer may not scribble on ours), and a reference.
 template <typename Managed>
@@ -69,13 +83,26 @@ tensor tensor::make_view(managed_tensor source, const import_plan& plan) {
   if (dl.strides != nullptr) {
     std::copy_n(dl.strides, plan.ndim, strides);
   } else {
-    std::int64_t stride = 1;
-    for (std::int32_t i = plan.ndim - 1; i >= 0; --i) {
-      strides[i] = stride;
-      stride *= std::max<std::int64_t>(shape[i], 1);
-    }
+    fill_compact_strides(*state);
   }
   state->source = std::move(source);
+  return tensor(std::move(state));
+}
+
+tensor tensor::make_copy(device_buffer buffer, const import_plan& plan,
+                         std::span<const std::int64_t> shape) {
+  auto state = std::make_shared<copy_state>();
+  state->device = plan.target;
+  state->type = plan.type;
+  state->ndim = plan.ndim;
+  state->storage = tensor_storage::copy;
+  state->data = buffer.data();
+  state->element_count = plan.element_count;
+  state->byte_size = plan.byte_size;
+  state->dims.resize(2 * static_cast<std::size_t>(plan.ndim));
+  std::copy(shape.begin(), shape.end(), state->dims.begin());
+  fill_compact_strides(*state);
+  state->buffer = std::move(buffer);
   return tensor(std::move(state));
 }
 

@@ -5,9 +5,11 @@
 
 #include "dlasync/runtime/device.hpp"
 #include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/runtime/runtime.hpp"
 #include "dlasync/runtime/topology.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/dtype.hpp"
+#include "dlasync/transfer/import.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"

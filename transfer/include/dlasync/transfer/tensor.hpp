@@ -28,6 +28,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "dlasync/runtime/device_buffer.hpp"
 #include "dlasync/transfer/detail/tensor_state.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/import_options.hpp"
@@ -44,6 +45,11 @@ class tensor {
   // A view of `source`'s memory as `plan` (from plan_import on `source`)
   // describes, on `plan.target`. Takes ownership of `source`.
   static tensor make_view(managed_tensor source, const import_plan& plan);
+
+  // A compact row-major tensor of extents `shape` owning `buffer`, which
+  // holds `plan`'s elements on `plan.target`.
+  static tensor make_copy(device_buffer buffer, const import_plan& plan,
+                          std::span<const std::int64_t> shape);
 
   bool empty() const noexcept { return state_ == nullptr; }
   explicit operator bool() const noexcept { return state_ != nullptr; }

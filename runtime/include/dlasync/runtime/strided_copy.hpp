@@ -1,0 +1,86 @@
+// dlasync/runtime/strided_copy.hpp
+//
+// `dlasync::strided_copy` gathers a strided host tensor into compact
+// row-major order. It is prepared once from the layout, then run over ranges
+// of "units" that may execute concurrently on several threads, so one large
+// copy can be split across a worker pool.
+//
+// Example:
+//
+//   dlasync::strided_layout layout{4, {1024, 1024}, {1, 1024}};  // a transpose
+//   dlasync::strided_copy copy(layout);
+//   copy.run(src, dst, 0, copy.units());  // or split [0, units()) among threads
+//
+// The layout is simplified first: extents of 1 are dropped and dimensions
+// that are contiguous with each other are merged. Then one of three kernels
+// does the work:
+//   runs    the innermost source stride is 1: memcpy of contiguous runs;
+//   tile    another dimension has source stride 1: cache-blocked tiles, so
+//           that reads and writes both stay in cache (transposes);
+//   gather  otherwise (broadcast, reversed or sparse strides): element loops.
+// Zero and negative strides are supported. Sub-byte data must be described as
+// bytes (element size 1, compact).
+//
+// Thread safety: a prepared copy is immutable; concurrent `run` calls over
+// disjoint unit ranges are safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/container/inlined_vector.h"
+
+namespace dlasync {
+
+struct strided_layout {
+  std::size_t element_size = 1;                  // bytes
+  absl::InlinedVector<std::int64_t, 8> shape;    // extents
+  absl::InlinedVector<std::int64_t, 8> strides;  // in elements, may be 0 or negative
+};
+
+class strided_copy {
+ public:
+  enum class kernel : std::uint8_t { none, runs, tile, gather };
+
+  // `layout` must describe a valid tensor (validation does that): extents
+  // >= 0, shape and strides of the same length.
+  explicit strided_copy(const strided_layout& layout);
+
+  // Bytes written to the destination.
+  std::uint64_t bytes() const noexcept { return bytes_; }
+
+  // Independent pieces of work; 0 for an empty tensor.
+  std::int64_t units() const noexcept { return outer_count_ * blocks_; }
+
+  // Bytes one unit writes, about.
+  std::uint64_t unit_bytes() const noexcept;
+
+  kernel which() const noexcept { return kernel_; }
+  const char* kernel_name() const noexcept;
+
+  // Copies units [begin, end). `src` is the first element of the source;
+  // `dst` is the start of a compact destination of bytes() bytes.
+  void run(const void* src, void* dst, std::int64_t begin, std::int64_t end) const;
+
+ private:
+  static constexpr int max_dims = 64;
+
+  template <std::size_t N>
+  void run_sized(const char* src, char* dst, std::int64_t begin, std::int64_t end) const;
+
+  kernel kernel_ = kernel::none;
+  std::size_t element_size_ = 1;
+  std::uint64_t bytes_ = 0;
+  int ndim_ = 0;  // after simplification
+  absl::InlinedVector<std::int64_t, 8> shape_;
+  absl::InlinedVector<std::int64_t, 8> src_stride_;  // bytes
+  absl::InlinedVector<std::int64_t, 8> dst_stride_;  // bytes
+  int split_dim_ = 0;                                // the dimension cut into blocks
+  int tile_dim_ = -1;                                // tile: the dimension with source stride 1
+  std::int64_t block_ = 1;                           // elements of split_dim_ per unit
+  std::int64_t blocks_ = 0;
+  std::int64_t outer_count_ = 0;
+  absl::InlinedVector<int, 8> outer_dims_;  // iterated outside the kernel
+};
+
+}  // namespace dlasync

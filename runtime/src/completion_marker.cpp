@@ -1,0 +1,35 @@
+#include "dlasync/runtime/completion_marker.hpp"
+
+namespace dlasync {
+
+bool completion_marker::done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void completion_marker::on_complete(callback fn) {
+  absl::Status status;
+  {
+    std::lock_guard lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+    status = status_;
+  }
+  std::move(fn)(std::move(status));
+}
+
+void completion_marker::complete(absl::Status status) {
+  std::vector<callback> callbacks;
+  {
+    std::lock_guard lock(mutex_);
+    if (done_) return;
+    done_ = true;
+    status_ = status;
+    callbacks.swap(callbacks_);
+  }
+  for (callback& fn : callbacks) std::move(fn)(status);
+}
+
+}  // namespace dlasync

@@ -1,0 +1,170 @@
+#include "host_backend.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "asio/post.hpp"
+
+namespace dlasync::detail {
+
+// An in-order queue: one task runs at a time, each on the worker pool, and
+// the next starts when the running one calls its `done`.
+class host_stream {
+ public:
+  using done_fn = absl::AnyInvocable<void() &&>;
+  using task = absl::AnyInvocable<void(done_fn) &&>;
+
+  explicit host_stream(asio::thread_pool& pool) : pool_(pool) {}
+
+  void enqueue(task t) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(t));
+      if (running_) return;
+      running_ = true;
+    }
+    asio::post(pool_, [this] { start_next(); });
+  }
+
+ private:
+  void start_next() {
+    task t;
+    {
+      std::lock_guard lock(mutex_);
+      if (queue_.empty()) {
+        running_ = false;
+        return;
+      }
+      t = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Posting the next start keeps a task that completes inline from
+    // recursing through the whole queue.
+    std::move(t)([this] { asio::post(pool_, [this] { start_next(); }); });
+  }
+
+  asio::thread_pool& pool_;
+  std::mutex mutex_;
+  std::deque<task> queue_;
+  bool running_ = false;
+};
+
+host_backend::host_backend(host_backend_options options, asio::thread_pool& pool)
+    : options_(std::move(options)), pool_(pool) {
+  const int count = options_.host_devices * options_.streams_per_device;
+  for (int i = 0; i < count; ++i) streams_.push_back(std::make_unique<host_stream>(pool_));
+}
+
+host_backend::~host_backend() = default;
+
+std::vector<served_devices> host_backend::served() const {
+  return host_backend_devices(options_.host_devices);
+}
+
+int host_backend::stream_count(device) const noexcept {
+  return options_.streams_per_device;
+}
+
+host_stream& host_backend::stream(stream_ref s) {
+  // Pinned host memory is the host's: its work runs on cpu:0's streams.
+  const int ordinal = s.device.kind == device_kind::cpu ? s.device.ordinal : 0;
+  return *streams_[static_cast<std::size_t>(ordinal * options_.streams_per_device +
+                                            s.index % options_.streams_per_device)];
+}
+
+absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t bytes,
+                                                     std::size_t alignment) {
+  if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
+  alignment = std::max<std::size_t>(alignment, 64);  // a cache line at least
+  const std::uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
+  void* data = rounded < bytes ? nullptr : std::aligned_alloc(alignment, rounded);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", bytes, " bytes on ", d.name(), ": out of host memory"));
+  }
+  return device_buffer(d, data, bytes, [](void* p, std::uint64_t) { std::free(p); });
+}
+
+void host_backend::enqueue_copy(stream_ref s, copy_job job) {
+  stream(s).enqueue([this, job = std::move(job)](host_stream::done_fn done) mutable {
+    run_copy(job, std::move(done));
+  });
+}
+
+void host_backend::run_copy(copy_job& job, absl::AnyInvocable<void() &&> done) {
+  const std::shared_ptr<copy_control>& control = job.control;
+  if (control && control->cancel_requested.load(std::memory_order_acquire)) {
+    control->aborted.store(true, std::memory_order_release);
+    return std::move(done)();
+  }
+  auto copy = std::make_shared<const strided_copy>(job.layout);
+  const std::int64_t units = copy->units();
+  std::int64_t parts = 1;
+  if (copy->bytes() >= options_.parallel_copy_bytes && options_.worker_threads > 1) {
+    parts = std::min<std::int64_t>(units, options_.worker_threads);
+  }
+  if (parts <= 1) {
+    run_units(*copy, job, 0, units);
+    return std::move(done)();
+  }
+
+  // Split the units among `parts` workers; the last one to finish calls done.
+  struct shared_state {
+    std::atomic<std::int64_t> remaining;
+    absl::AnyInvocable<void() &&> done;
+  };
+  auto state = std::make_shared<shared_state>();
+  state->remaining = parts;
+  state->done = std::move(done);
+  for (std::int64_t p = 0; p < parts; ++p) {
+    const std::int64_t begin = units * p / parts;
+    const std::int64_t end = units * (p + 1) / parts;
+    asio::post(pool_, [this, copy, job, state, begin, end] {
+      run_units(*copy, job, begin, end);
+      if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        std::move(state->done)();
+      }
+    });
+  }
+}
+
+void host_backend::run_units(const strided_copy& copy, const copy_job& job, std::int64_t begin,
+                             std::int64_t end) const {
+  // Check for cancellation about every 256 KiB.
+  const std::uint64_t unit = std::max<std::uint64_t>(copy.unit_bytes(), 1);
+  const std::int64_t step =
+      static_cast<std::int64_t>(std::max<std::uint64_t>(1, (256 << 10) / unit));
+  const std::shared_ptr<copy_control>& control = job.control;
+  for (std::int64_t u = begin; u < end; u += step) {
+    if (control && control->cancel_requested.load(std::memory_order_relaxed)) {
+      control->aborted.store(true, std::memory_order_release);
+      return;
+    }
+    copy.run(job.source, job.destination, u, std::min(end, u + step));
+    if (options_.copy_unit_observer) options_.copy_unit_observer();
+  }
+}
+
+marker_ptr host_backend::record(stream_ref s) {
+  auto marker = std::make_shared<completion_marker>();
+  stream(s).enqueue([marker](host_stream::done_fn done) {
+    marker->complete(absl::OkStatus());
+    std::move(done)();
+  });
+  return marker;
+}
+
+void host_backend::wait(stream_ref s, marker_ptr m) {
+  stream(s).enqueue([m = std::move(m)](host_stream::done_fn done) mutable {
+    m->on_complete([done = std::move(done)](absl::Status) mutable { std::move(done)(); });
+  });
+}
+
+std::optional<device> host_backend::device_of(const void*) const {
+  // Virtual host devices share one address space: a pointer does not say.
+  return std::nullopt;
+}
+
+}  // namespace dlasync::detail

@@ -1,0 +1,73 @@
+#include "dlasync/runtime/memory_budget.hpp"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlasync {
+
+std::uint64_t memory_budget::acquire(std::uint64_t bytes, grant_fn fn) {
+  std::unique_lock lock(mutex_);
+  const std::uint64_t ticket = next_ticket_++;
+  if (limit_ != 0 && bytes > limit_) {
+    lock.unlock();
+    std::move(fn)(absl::ResourceExhaustedError(
+        absl::StrCat("a copy of ", bytes, " bytes exceeds the whole copy memory budget of ", limit_,
+                     " bytes; raise runtime_options::copy_memory_budget or import a "
+                     "view (copy unset, same device)")));
+    return ticket;
+  }
+  if (waiters_.empty() && (limit_ == 0 || limit_ - in_use_ >= bytes)) {
+    in_use_ += bytes;
+    lock.unlock();
+    std::move(fn)(absl::OkStatus());
+    return ticket;
+  }
+  waiters_.push_back({ticket, bytes, std::move(fn)});
+  return ticket;
+}
+
+bool memory_budget::cancel(std::uint64_t ticket, absl::Status why) {
+  grant_fn fn;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto it = waiters_.begin(); it != waiters_.end(); ++it) {
+      if (it->ticket == ticket) {
+        fn = std::move(it->fn);
+        waiters_.erase(it);
+        break;
+      }
+    }
+  }
+  if (!fn) return false;
+  std::move(fn)(std::move(why));
+  // A large waiter leaving the head may let smaller ones in.
+  release(0);
+  return true;
+}
+
+void memory_budget::release(std::uint64_t bytes) {
+  std::vector<grant_fn> granted;
+  {
+    std::lock_guard lock(mutex_);
+    in_use_ -= bytes;
+    while (!waiters_.empty() && (limit_ == 0 || limit_ - in_use_ >= waiters_.front().bytes)) {
+      in_use_ += waiters_.front().bytes;
+      granted.push_back(std::move(waiters_.front().fn));
+      waiters_.pop_front();
+    }
+  }
+  for (grant_fn& fn : granted) std::move(fn)(absl::OkStatus());
+}
+
+std::uint64_t memory_budget::in_use() const {
+  std::lock_guard lock(mutex_);
+  return in_use_;
+}
+
+std::size_t memory_budget::waiting() const {
+  std::lock_guard lock(mutex_);
+  return waiters_.size();
+}
+
+}  // namespace dlasync

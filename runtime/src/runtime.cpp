@@ -1,0 +1,133 @@
+#include "dlasync/runtime/runtime.hpp"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "host_backend.hpp"
+
+namespace dlasync {
+namespace {
+
+int resolve_workers(int requested) {
+  if (requested > 0) return requested;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+absl::Status check_options(const runtime_options& o) {
+  auto bad = [](const char* what, int value, const char* range) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runtime_options::", what, " is ", value, "; it must be ", range));
+  };
+  if (o.executor_threads < 1 || o.executor_threads > 1024) {
+    return bad("executor_threads", o.executor_threads, "in [1, 1024]");
+  }
+  if (o.worker_threads < 0 || o.worker_threads > 1024) {
+    return bad("worker_threads", o.worker_threads, "in [0, 1024] (0: one per hardware thread)");
+  }
+  if (o.host_devices < 0 || o.host_devices > max_host_devices) {
+    return bad("host_devices", o.host_devices, "in [0, 1024] (0: the topology's count)");
+  }
+  if (o.streams_per_device < 1 || o.streams_per_device > 64) {
+    return bad("streams_per_device", o.streams_per_device, "in [1, 64]");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<runtime>> runtime::create(runtime_options options) {
+  if (absl::Status s = check_options(options); !s.ok()) return s;
+  process_topology topology;
+  if (options.topology) {
+    topology = *options.topology;
+  } else {
+    absl::StatusOr<process_topology> from_env = process_topology::from_environment();
+    if (!from_env.ok()) return from_env.status();
+    topology = *std::move(from_env);
+  }
+  if (options.host_devices > 0) topology.host_device_count = options.host_devices;
+  options.host_devices = topology.host_device_count;
+  options.worker_threads = resolve_workers(options.worker_threads);
+  absl::StatusOr<device_registry> registry =
+      device_registry::create(topology, host_backend_devices(topology.host_device_count));
+  if (!registry.ok()) return registry.status();
+  return std::unique_ptr<runtime>(new runtime(std::move(options), *std::move(registry)));
+}
+
+runtime::runtime(runtime_options options, device_registry registry)
+    : options_(std::move(options)),
+      registry_(std::move(registry)),
+      budget_(std::make_shared<memory_budget>(options_.copy_memory_budget)),
+      workers_(static_cast<std::size_t>(options_.worker_threads)) {
+  detail::host_backend_options host;
+  host.host_devices = options_.host_devices;
+  host.streams_per_device = options_.streams_per_device;
+  host.worker_threads = options_.worker_threads;
+  host.parallel_copy_bytes = options_.parallel_copy_bytes;
+  host.copy_unit_observer = options_.copy_unit_observer;
+  host_ = std::make_unique<detail::host_backend>(std::move(host), workers_);
+  next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(
+      static_cast<std::size_t>(options_.host_devices) + 1);
+  work_.emplace(io_.get_executor());
+  for (int i = 0; i < options_.executor_threads; ++i) {
+    executor_threads_.emplace_back([this] { io_.run(); });
+  }
+}
+
+runtime::~runtime() {
+  shutdown();
+}
+
+backend& runtime::backend_for(device) noexcept {
+  return *host_;
+}
+
+stream_ref runtime::next_stream(device d) noexcept {
+  const std::size_t slot = d.kind == device_kind::cpu
+                               ? static_cast<std::size_t>(d.ordinal)
+                               : static_cast<std::size_t>(options_.host_devices);
+  const std::uint32_t n = next_stream_[slot].fetch_add(1, std::memory_order_relaxed);
+  return {d, static_cast<int>(n % static_cast<std::uint32_t>(options_.streams_per_device))};
+}
+
+std::size_t runtime::in_flight() const {
+  std::lock_guard lock(ops_mutex_);
+  return ops_.size();
+}
+
+std::uint64_t runtime::begin_operation(std::function<void()> cancel) {
+  std::lock_guard lock(ops_mutex_);
+  if (!accepting_.load(std::memory_order_acquire)) return 0;
+  const std::uint64_t id = next_op_++;
+  ops_.emplace(id, std::move(cancel));
+  return id;
+}
+
+void runtime::end_operation(std::uint64_t id) {
+  std::lock_guard lock(ops_mutex_);
+  ops_.erase(id);
+  if (ops_.empty()) ops_done_.notify_all();
+}
+
+void runtime::shutdown() {
+  std::vector<std::function<void()>> cancels;
+  {
+    std::lock_guard lock(ops_mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    accepting_.store(false, std::memory_order_release);
+    for (auto& [id, cancel] : ops_) cancels.push_back(cancel);
+  }
+  for (std::function<void()>& cancel : cancels) cancel();
+  {
+    std::unique_lock lock(ops_mutex_);
+    ops_done_.wait(lock, [this] { return ops_.empty(); });
+  }
+  // Every import has released its source; now stop the threads.
+  work_.reset();
+  io_.stop();
+  for (std::thread& t : executor_threads_) t.join();
+  workers_.join();
+}
+
+}  // namespace dlasync

@@ -1,0 +1,188 @@
+#include "dlasync/runtime/strided_copy.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dlasync {
+namespace {
+
+// Runs copy this many bytes a unit, tiles this many rows.
+constexpr std::int64_t run_unit_bytes = 256 * 1024;
+constexpr std::int64_t gather_unit_bytes = 64 * 1024;
+constexpr std::int64_t tile = 32;
+
+template <std::size_t N>
+inline void copy_element(char* dst, const char* src) {
+  std::memcpy(dst, src, N);
+}
+
+}  // namespace
+
+strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.element_size) {
+  const std::int64_t es = static_cast<std::int64_t>(element_size_);
+  std::uint64_t count = 1;
+  for (std::int64_t e : layout.shape) count *= static_cast<std::uint64_t>(e);
+  bytes_ = count * element_size_;
+  if (count == 0) return;  // kernel none, no units
+
+  // Keep extents above 1, merging a dimension into the next inner one when
+  // the source is contiguous across them (the destination always is).
+  for (std::size_t i = 0; i < layout.shape.size(); ++i) {
+    if (layout.shape[i] == 1) continue;
+    const std::int64_t stride = layout.strides[i] * es;
+    if (!shape_.empty() && src_stride_.back() == stride * layout.shape[i]) {
+      shape_.back() *= layout.shape[i];
+      src_stride_.back() = stride;
+    } else {
+      shape_.push_back(layout.shape[i]);
+      src_stride_.push_back(stride);
+    }
+  }
+  if (shape_.empty()) {  // a single element
+    shape_.push_back(1);
+    src_stride_.push_back(es);
+  }
+  ndim_ = static_cast<int>(shape_.size());
+  dst_stride_.resize(shape_.size());
+  std::int64_t d = es;
+  for (int i = ndim_ - 1; i >= 0; --i) {
+    dst_stride_[i] = d;
+    d *= shape_[i];
+  }
+
+  const int last = ndim_ - 1;
+  if (src_stride_[last] == es) {
+    kernel_ = kernel::runs;
+  } else {
+    for (int i = last - 1; i >= 0; --i) {
+      if (src_stride_[i] == es && shape_[i] >= 8 && shape_[last] >= 8) {
+        tile_dim_ = i;
+        break;
+      }
+    }
+    kernel_ = tile_dim_ >= 0 ? kernel::tile : kernel::gather;
+  }
+
+  if (kernel_ == kernel::tile) {
+    split_dim_ = tile_dim_;
+    block_ = tile;
+  } else {
+    split_dim_ = last;
+    const std::int64_t unit = kernel_ == kernel::runs ? run_unit_bytes : gather_unit_bytes;
+    block_ = std::max<std::int64_t>(1, unit / es);
+  }
+  block_ = std::min(block_, shape_[split_dim_]);
+  blocks_ = (shape_[split_dim_] + block_ - 1) / block_;
+  outer_count_ = 1;
+  for (int i = 0; i < ndim_; ++i) {
+    if (i == split_dim_ || (kernel_ == kernel::tile && i == last)) continue;
+    outer_dims_.push_back(i);
+    outer_count_ *= shape_[i];
+  }
+}
+
+std::uint64_t strided_copy::unit_bytes() const noexcept {
+  if (units() == 0) return 0;
+  return bytes_ / static_cast<std::uint64_t>(units());
+}
+
+const char* strided_copy::kernel_name() const noexcept {
+  switch (kernel_) {
+    case kernel::none: return "none";
+    case kernel::runs: return "runs";
+    case kernel::tile: return "tile";
+    case kernel::gather: return "gather";
+  }
+  return "none";
+}
+
+void strided_copy::run(const void* src, void* dst, std::int64_t begin, std::int64_t end) const {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  switch (element_size_) {
+    case 1: return run_sized<1>(s, d, begin, end);
+    case 2: return run_sized<2>(s, d, begin, end);
+    case 4: return run_sized<4>(s, d, begin, end);
+    case 8: return run_sized<8>(s, d, begin, end);
+    case 16: return run_sized<16>(s, d, begin, end);
+    default: return run_sized<0>(s, d, begin, end);
+  }
+}
+
+template <std::size_t N>
+void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin,
+                             std::int64_t end) const {
+  if (begin >= end || kernel_ == kernel::none) return;
+  const std::size_t es = N != 0 ? N : element_size_;
+  auto copy_one = [es](char* to, const char* from) {
+    if constexpr (N != 0) {
+      copy_element<N>(to, from);
+    } else {
+      std::memcpy(to, from, es);
+    }
+  };
+
+  // Position the outer odometer at unit `begin`.
+  const int outer = static_cast<int>(outer_dims_.size());
+  std::int64_t index[max_dims] = {};
+  std::int64_t flat = begin / blocks_;
+  std::int64_t block = begin % blocks_;
+  std::int64_t src_off = 0;
+  std::int64_t dst_off = 0;
+  for (int j = outer - 1; j >= 0; --j) {
+    const int dim = outer_dims_[j];
+    index[j] = flat % shape_[dim];
+    flat /= shape_[dim];
+    src_off += index[j] * src_stride_[dim];
+    dst_off += index[j] * dst_stride_[dim];
+  }
+
+  const int last = ndim_ - 1;
+  const std::int64_t extent = shape_[split_dim_];
+  for (std::int64_t u = begin; u < end; ++u) {
+    const std::int64_t lo = block * block_;
+    const std::int64_t hi = std::min(lo + block_, extent);
+    const char* s = src + src_off;
+    char* d = dst + dst_off;
+    if (kernel_ == kernel::runs) {
+      std::memcpy(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(hi - lo) * es);
+    } else if (kernel_ == kernel::gather) {
+      const std::int64_t ss = src_stride_[last];
+      for (std::int64_t i = lo; i < hi; ++i) {
+        copy_one(d + i * static_cast<std::int64_t>(es), s + i * ss);
+      }
+    } else {
+      // Rows [lo, hi) of the tile dimension (source stride one element)
+      // against the whole last dimension, in tile-wide column strips.
+      const std::int64_t cols = shape_[last];
+      const std::int64_t s_col = src_stride_[last];
+      const std::int64_t d_row = dst_stride_[tile_dim_];
+      const std::int64_t s_row = static_cast<std::int64_t>(es);
+      for (std::int64_t c0 = 0; c0 < cols; c0 += tile) {
+        const std::int64_t c1 = std::min(c0 + tile, cols);
+        for (std::int64_t r = lo; r < hi; ++r) {
+          char* drow = d + r * d_row;
+          const char* srow = s + r * s_row;
+          for (std::int64_t c = c0; c < c1; ++c) {
+            copy_one(drow + c * static_cast<std::int64_t>(es), srow + c * s_col);
+          }
+        }
+      }
+    }
+    if (++block == blocks_) {
+      block = 0;
+      for (int j = outer - 1; j >= 0; --j) {
+        const int dim = outer_dims_[j];
+        src_off += src_stride_[dim];
+        dst_off += dst_stride_[dim];
+        if (++index[j] < shape_[dim]) break;
+        src_off -= index[j] * src_stride_[dim];
+        dst_off -= index[j] * dst_stride_[dim];
+        index[j] = 0;
+      }
+    }
+  }
+}
+
+}  // namespace dlasync

@@ -1,0 +1,37 @@
+// Test support: runtimes for tests, and a way to wait for a condition.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "dlasync/runtime/runtime.hpp"
+
+namespace dlasync::testing {
+
+// A runtime with `host_devices` host devices, two workers, one process.
+inline std::unique_ptr<runtime> make_runtime(int host_devices = 2, std::uint64_t budget = 0,
+                                             std::function<void()> observer = {}) {
+  runtime_options o;
+  o.topology = process_topology::single_process(host_devices);
+  o.worker_threads = 2;
+  o.copy_memory_budget = budget;
+  o.copy_unit_observer = std::move(observer);
+  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
+  REQUIRE(rt.ok());
+  return *std::move(rt);
+}
+
+// Polls `done` for up to 30 s; false when it never became true.
+inline bool eventually(const std::function<bool()>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace dlasync::testing

@@ -1,0 +1,534 @@
+#include "dlasync/transfer/import.hpp"
+
+#include <future>
+#include <thread>
+
+#include "asio/bind_cancellation_slot.hpp"
+#include "asio/bind_executor.hpp"
+#include "asio/cancellation_signal.hpp"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/experimental/awaitable_operators.hpp"
+#include "asio/experimental/deferred.hpp"
+#include "asio/io_context.hpp"
+#include "asio/steady_timer.hpp"
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "support/layouts.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync {
+namespace {
+
+using testing::deleter_count;
+using testing::make_runtime;
+using testing::make_tensor;
+using testing::require_status;
+using testing::tensor_spec;
+
+const device second_cpu{device_kind::cpu, 1};
+
+// A float32 matrix of `rows` x `cols` with values 0, 1, 2, ...
+struct matrix_source {
+  std::vector<float> data;
+  tensor_spec spec;
+  matrix_source(std::int64_t rows, std::int64_t cols) : data(rows * cols) {
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
+    spec.shape = {rows, cols};
+    spec.data = data.data();
+  }
+};
+
+import_options to_second_cpu() {
+  import_options o;
+  o.target = second_cpu;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a zero-copy import completes without suspending", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(4, 4);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        absl::StatusOr<tensor> t = co_await import_dlpack(*rt, source);
+        REQUIRE(t.ok());
+        CHECK(t->is_view());
+        CHECK(t->data() == m.data.data());
+        done = true;
+      },
+      asio::detached);
+  io.run_one();  // the spawn itself: the import needs no second turn
+  CHECK(done);
+  CHECK(source.empty());
+  CHECK(count.calls == 1);
+}
+
+TEST_CASE("a callback is not called inside the initiating function, then exactly once",
+          "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  for (bool copy : {false, true}) {
+    matrix_source m(8, 8);
+    deleter_count count;
+    managed_tensor source = make_tensor(m.spec, count);
+    asio::io_context io;
+    int calls = 0;
+    absl::StatusOr<tensor> result;
+    async_import_dlpack(*rt, source, copy ? to_second_cpu() : import_options{},
+                        asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                          ++calls;
+                          result = std::move(t);
+                        }));
+    CHECK(source.empty());  // consumed at the call
+    CHECK(calls == 0);
+    io.run();  // returns once the handler has run: the import holds work on io
+    CHECK(calls == 1);
+    REQUIRE(result.ok());
+    CHECK(result->is_copy() == copy);
+    CHECK(result->device() == (copy ? second_cpu : host_device));
+    CHECK(static_cast<const float*>(result->data())[63] == 63.0f);
+    result = absl::UnknownError("dropped");
+    CHECK(count.calls == 1);
+  }
+}
+
+TEST_CASE("use_future delivers the import", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(16, 16);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  std::future<absl::StatusOr<tensor>> f =
+      async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future);
+  absl::StatusOr<tensor> t = f.get();
+  REQUIRE(t.ok());
+  CHECK(t->is_copy());
+  CHECK(static_cast<const float*>(t->data())[255] == 255.0f);
+  CHECK(count.calls == 1);  // released as soon as the copy had read it
+}
+
+TEST_CASE("deferred imports start when launched, and validate at the call", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(4, 4);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  auto op = async_import_dlpack(*rt, source, to_second_cpu(), asio::experimental::deferred);
+  CHECK(source.empty());
+  CHECK(count.calls == 0);
+  CHECK(rt->in_flight() == 0);
+  asio::io_context io;
+  bool done = false;
+  std::move(op)(asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+    CHECK(t.ok());
+    done = true;
+  }));
+  io.run();
+  CHECK(done);
+  CHECK(count.calls == 1);
+
+  // A deferred operation dropped unlaunched still releases the tensor once.
+  deleter_count dropped;
+  managed_tensor other = make_tensor(m.spec, dropped);
+  { auto unused = async_import_dlpack(*rt, other, to_second_cpu(), asio::experimental::deferred); }
+  CHECK(dropped.calls == 1);
+}
+
+TEST_CASE("the awaitable form copies and resumes on the caller's executor", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(32, 32);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  std::thread::id resumed_on;
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        import_options o = to_second_cpu();
+        absl::StatusOr<tensor> t = co_await import_dlpack(*rt, source, o);
+        resumed_on = std::this_thread::get_id();
+        REQUIRE(t.ok());
+        CHECK(t->is_copy());
+        CHECK(static_cast<const float*>(t->data())[1023] == 1023.0f);
+        done = true;
+      },
+      asio::detached);
+  io.run();
+  CHECK(done);
+  CHECK(resumed_on == std::this_thread::get_id());
+  CHECK(count.calls == 1);
+}
+
+TEST_CASE("awaitable operators race an import against a timer", "[transfer][import]") {
+  using namespace asio::experimental::awaitable_operators;
+  // A budget of 64 bytes, taken by a held copy, makes the next import wait:
+  // the timer wins and the import is cancelled.
+  std::unique_ptr<runtime> rt = make_runtime(2, 64);
+  matrix_source m(4, 4);  // 64 bytes: fits, but the budget is taken
+  deleter_count holder_count;
+  managed_tensor holder_source = make_tensor(m.spec, holder_count);
+  absl::StatusOr<tensor> holder =
+      async_import_dlpack(*rt, holder_source, to_second_cpu(), asio::use_future).get();
+  REQUIRE(holder.ok());
+
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  bool timer_won = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        asio::steady_timer timer(io, std::chrono::milliseconds(20));
+        auto winner = co_await (import_dlpack(*rt, source, to_second_cpu()) ||
+                                timer.async_wait(asio::use_awaitable));
+        timer_won = winner.index() == 1;
+      },
+      asio::detached);
+  io.run();
+  CHECK(timer_won);
+  CHECK(count.calls == 1);
+  CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
+}
+
+TEST_CASE("every layout and dtype imports correctly with copy unset, true and false",
+          "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  for (const dtype type : testing::supported_dtypes()) {
+    for (const testing::layout_case& c : testing::layout_cases()) {
+      if (type.is_sub_byte() && !c.sub_byte_ok) continue;
+      for (const std::optional<bool> copy :
+           {std::optional<bool>(), std::optional<bool>(true), std::optional<bool>(false)}) {
+        for (const bool cross_device : {false, true}) {
+          if (cross_device && copy == false) continue;
+          INFO(type.name() << ", " << c.name << ", copy "
+                           << (copy ? (*copy ? "true" : "false") : "unset")
+                           << (cross_device ? ", to cpu:1" : ""));
+          const std::size_t es = type.padded_size();
+          std::vector<std::uint8_t> bytes(128 * es);
+          testing::fill_pattern(bytes);
+          tensor_spec s;
+          s.type = type;
+          s.shape = c.shape;
+          s.strides = c.strides;
+          s.data = bytes.data();
+          s.byte_offset = static_cast<std::uint64_t>(c.offset) * (type.is_sub_byte() ? 1 : es);
+          deleter_count count;
+          managed_tensor source = make_tensor(s, count);
+          import_options o;
+          o.copy = copy;
+          if (cross_device) o.target = second_cpu;
+          absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, o, asio::use_future).get();
+          REQUIRE(t.ok());
+          const bool copied = copy.value_or(false) || cross_device;
+          CHECK(t->is_copy() == copied);
+          CHECK(t->dtype() == type);
+          CHECK(std::vector<std::int64_t>(t->shape().begin(), t->shape().end()) == c.shape);
+          if (copied) CHECK(t->is_compact());
+          CHECK(testing::same_elements(*t, bytes.data() + s.byte_offset, c, type));
+          CHECK(count.calls == (copied ? 1 : 0));
+          t = absl::UnknownError("dropped");
+          CHECK(count.calls == 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the deleter runs only after the copy has read the source", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  // The deleter poisons the source: a copy still reading would see it.
+  struct poisoned {
+    std::vector<float> data;
+    std::int64_t shape[2];
+    std::int64_t strides[2];
+    DLManagedTensor managed{};
+  };
+  for (int round = 0; round < 20; ++round) {
+    auto* p = new poisoned;
+    p->data.resize(1 << 20);
+    for (std::size_t i = 0; i < p->data.size(); ++i) p->data[i] = static_cast<float>(i % 1000);
+    p->shape[0] = 1024;
+    p->shape[1] = 1024;
+    p->strides[0] = 1;  // a transpose: the tile kernel, split across workers
+    p->strides[1] = 1024;
+    p->managed.dl_tensor.data = p->data.data();
+    p->managed.dl_tensor.device = to_dl_device(host_device);
+    p->managed.dl_tensor.ndim = 2;
+    p->managed.dl_tensor.dtype = dtypes::float32.to_dl();
+    p->managed.dl_tensor.shape = p->shape;
+    p->managed.dl_tensor.strides = p->strides;
+    p->managed.manager_ctx = p;
+    p->managed.deleter = [](DLManagedTensor* self) {
+      auto* owner = static_cast<poisoned*>(self->manager_ctx);
+      std::fill(owner->data.begin(), owner->data.end(), -1.0f);
+      delete owner;
+    };
+    managed_tensor source(&p->managed);
+    import_options o;
+    o.require_contiguous = true;
+    absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, o, asio::use_future).get();
+    REQUIRE(t.ok());
+    const auto* out = static_cast<const float*>(t->data());
+    bool intact = true;
+    for (std::int64_t i = 0; i < 1024 && intact; i += 7) {
+      for (std::int64_t j = 0; j < 1024; j += 5) {
+        intact = intact && out[i * 1024 + j] == static_cast<float>((j * 1024 + i) % 1000);
+      }
+    }
+    CHECK(intact);
+  }
+}
+
+TEST_CASE("10,000 concurrent imports from several threads each complete once",
+          "[transfer][import][load]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  constexpr int threads = 4;
+  constexpr int per_thread = 2500;
+  constexpr int total = threads * per_thread;
+  std::vector<float> data(64);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
+  auto counts = std::make_unique<deleter_count[]>(total);
+  std::atomic<int> completed{0};
+  std::atomic<int> ok{0};
+  std::atomic<int> copies{0};
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  std::vector<std::thread> starters;
+  for (int t = 0; t < threads; ++t) {
+    starters.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        const int n = t * per_thread + i;
+        tensor_spec s;
+        s.shape = {8, 8};
+        s.data = data.data();
+        managed_tensor source = make_tensor(s, counts[n]);
+        async_import_dlpack(*rt, source, n % 2 == 0 ? import_options{} : to_second_cpu(),
+                            asio::bind_executor(io, [&](absl::StatusOr<tensor> r) {
+                              if (r.ok() && static_cast<const float*>(r->data())[63] == 63.0f) {
+                                ++ok;
+                                copies += r->is_copy();
+                              }
+                              ++completed;
+                            }));
+      }
+    });
+  }
+  for (std::thread& s : starters) s.join();
+  CHECK(testing::eventually([&] { return completed.load() == total; }));
+  work.reset();
+  runner.join();
+  CHECK(ok == total);
+  CHECK(copies == total / 2);
+  int exactly_once = 0;
+  for (int n = 0; n < total; ++n) exactly_once += counts[n].calls == 1;
+  CHECK(exactly_once == total);
+  CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
+}
+
+TEST_CASE("cancelling an import that waits for budget releases it at once",
+          "[transfer][import][cancel]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 1024);
+  matrix_source m(16, 16);  // 1 KiB
+  deleter_count held_count;
+  managed_tensor held_source = make_tensor(m.spec, held_count);
+  absl::StatusOr<tensor> held =
+      async_import_dlpack(*rt, held_source, to_second_cpu(), asio::use_future).get();
+  REQUIRE(held.ok());
+  CHECK(rt->copy_budget().in_use() == 1024);
+
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  absl::StatusOr<tensor> result;
+  async_import_dlpack(*rt, source, to_second_cpu(),
+                      asio::bind_cancellation_slot(
+                          signal.slot(), asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                            result = std::move(t);
+                          })));
+  CHECK(rt->copy_budget().waiting() == 1);
+  signal.emit(asio::cancellation_type::terminal);
+  io.run();
+  require_status(result.status(), absl::StatusCode::kCancelled,
+                 {"cancelled", "waited for copy memory budget", "released"});
+  CHECK(count.calls == 1);
+  CHECK(rt->copy_budget().waiting() == 0);
+  held = absl::UnknownError("dropped");
+  CHECK(rt->copy_budget().in_use() == 0);
+}
+
+TEST_CASE("cancelling during a copy frees the partial copy and releases the source",
+          "[transfer][import][cancel]") {
+  std::promise<void> started;
+  std::promise<void> cancelled;
+  std::shared_future<void> go = cancelled.get_future().share();
+  std::atomic<int> pieces{0};
+  std::unique_ptr<runtime> rt = make_runtime(2, 0, [&] {
+    if (pieces++ == 0) {
+      started.set_value();
+      go.wait();
+    }
+  });
+  matrix_source m(1024, 1024);  // 4 MiB in 256 KiB pieces
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  absl::StatusOr<tensor> result;
+  import_options o = to_second_cpu();
+  async_import_dlpack(*rt, source, o,
+                      asio::bind_cancellation_slot(
+                          signal.slot(), asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                            result = std::move(t);
+                          })));
+  started.get_future().wait();
+  signal.emit(asio::cancellation_type::partial);
+  cancelled.set_value();
+  io.run();
+  require_status(result.status(), absl::StatusCode::kCancelled,
+                 {"during its copy", "partial copy was freed"});
+  CHECK(count.calls == 1);
+  CHECK(pieces.load() < 16);  // stopped early
+  CHECK(rt->copy_budget().in_use() == 0);
+  // The operation ends just after it delivers its handler.
+  CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
+}
+
+TEST_CASE("cancelling after completion changes nothing", "[transfer][import][cancel]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(8, 8);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  absl::StatusOr<tensor> result;
+  async_import_dlpack(*rt, source, to_second_cpu(),
+                      asio::bind_cancellation_slot(
+                          signal.slot(), asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                            result = std::move(t);
+                          })));
+  io.run();
+  signal.emit(asio::cancellation_type::terminal);
+  REQUIRE(result.ok());
+  CHECK(static_cast<const float*>(result->data())[63] == 63.0f);
+  CHECK(count.calls == 1);
+}
+
+TEST_CASE("shutdown cancels imports in flight and releases every tensor",
+          "[transfer][import][shutdown]") {
+  std::vector<std::unique_ptr<deleter_count>> counts;
+  matrix_source m(64, 64);  // 16 KiB
+  asio::io_context io;
+  std::atomic<int> cancelled{0};
+  std::atomic<int> finished{0};
+  absl::StatusOr<tensor> held;
+  {
+    std::unique_ptr<runtime> rt = make_runtime(2, 64 << 10);
+    for (int i = 0; i < 40; ++i) {
+      counts.push_back(std::make_unique<deleter_count>());
+      managed_tensor source = make_tensor(m.spec, *counts.back());
+      async_import_dlpack(*rt, source, to_second_cpu(),
+                          asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                            cancelled += t.status().code() == absl::StatusCode::kCancelled;
+                            ++finished;
+                            if (t.ok() && !held.ok()) held = std::move(t);
+                          }));
+    }
+    // Let some copies run, then pull the runtime down with others waiting.
+    io.run_one();
+  }
+  for (const auto& c : counts) CHECK(c->calls == 1);  // all released by the destructor
+  io.run();
+  CHECK(finished == 40);
+  CHECK(cancelled > 0);
+  deleter_count late;
+  {
+    std::unique_ptr<runtime> rt = make_runtime();
+    rt->shutdown();
+    managed_tensor source = make_tensor(m.spec, late);
+    absl::StatusOr<tensor> t =
+        async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get();
+    require_status(t.status(), absl::StatusCode::kUnavailable, {"shutting down", "not consumed"});
+    CHECK_FALSE(source.empty());
+  }
+  CHECK(late.calls == 1);
+}
+
+TEST_CASE("a batch imports its members concurrently with one result each",
+          "[transfer][import][batch]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(8, 8);
+  std::vector<deleter_count> counts(5);
+  std::vector<managed_tensor> sources;
+  tensor_spec bad = m.spec;
+  bad.shape = {8, -1};
+  for (int i = 0; i < 5; ++i) {
+    sources.push_back(make_tensor(i == 2 ? bad : m.spec, counts[i]));
+  }
+  std::vector<absl::StatusOr<tensor>> results =
+      async_import_dlpack_batch(*rt, sources, to_second_cpu(), asio::use_future).get();
+  REQUIRE(results.size() == 5);
+  for (int i = 0; i < 5; ++i) {
+    INFO("member " << i);
+    if (i == 2) {
+      require_status(results[i].status(), absl::StatusCode::kInvalidArgument, {"shape[1] is -1"});
+      CHECK_FALSE(sources[i].empty());  // refused: still the caller's
+      CHECK(counts[i].calls == 0);
+    } else {
+      REQUIRE(results[i].ok());
+      CHECK(results[i]->device() == second_cpu);
+      CHECK(sources[i].empty());
+      CHECK(counts[i].calls == 1);
+    }
+  }
+  sources.clear();
+  CHECK(counts[2].calls == 1);
+}
+
+TEST_CASE("the awaitable batch form and an empty batch", "[transfer][import][batch]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  matrix_source m(4, 4);
+  deleter_count a;
+  deleter_count b;
+  std::vector<managed_tensor> sources;
+  sources.push_back(make_tensor(m.spec, a));
+  sources.push_back(make_tensor(m.spec, b));
+  asio::io_context io;
+  std::size_t ok = 0;
+  std::size_t empty_size = 99;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto results = co_await import_dlpack_batch(*rt, sources);
+        for (auto& r : results) ok += r.ok() && r->is_view();
+        auto none = co_await import_dlpack_batch(*rt, std::span<managed_tensor>());
+        empty_size = none.size();
+      },
+      asio::detached);
+  io.run();
+  CHECK(ok == 2);
+  CHECK(empty_size == 0);
+  CHECK(a.calls == 1);
+  CHECK(b.calls == 1);
+}
+
+TEST_CASE("a copy larger than the whole budget is refused and released", "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 100);
+  matrix_source m(8, 8);
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  absl::StatusOr<tensor> t =
+      async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get();
+  require_status(t.status(), absl::StatusCode::kResourceExhausted,
+                 {"256 bytes", "copy memory budget of 100 bytes"});
+  CHECK(count.calls == 1);
+}
+
+}  // namespace dlasync

@@ -1,0 +1,94 @@
+// dlasync/transfer/import.hpp
+//
+// Asynchronous DLPack imports. The contract, in order:
+//
+// Ownership. Every import validates the tensor first (plan_import) and takes
+// it out of the caller's `managed_tensor` only when validation passes: after
+// the call, an empty handle means "consumed", a non-empty one means
+// "refused, still yours" (the result then holds the validation error). A
+// consumed tensor's deleter runs exactly once: for a view, when the last
+// reference to the imported tensor goes; for a copy, as soon as the copy has
+// finished reading it, before the result is delivered, also on error,
+// cancellation and runtime shutdown. Deleters may run on a worker thread.
+//
+// Stream ordering. Host memory has no streams: `options.stream` must be
+// none (or -1). The copy is enqueued on one of the target device's in-order
+// streams; CUDA producers' streams are honoured by the CUDA backend.
+//
+// Completion. A view needs no work: the awaitable form returns it without
+// suspending. Otherwise the result arrives when the copy is complete. The
+// token form returns immediately; its handler is called exactly once, never
+// from inside the initiating function, on the handler's associated executor
+// (the runtime's executor when it has none). Completion signature:
+// void(absl::StatusOr<dlasync::tensor>).
+//
+// Cancellation. Per-operation cancellation through the handler's
+// cancellation slot (terminal, partial and total all stop it). A cancelled
+// import completes with Cancelled, frees what it allocated, and releases the
+// source once nothing reads it. Cancelling after completion has no effect.
+//
+// Thread safety. Imports may be started from any thread, concurrently, on
+// one runtime. A `managed_tensor` handle is not shared between threads.
+//
+// Errors. Validation errors as plan_import documents (tensor not consumed);
+// Unavailable when the runtime is shutting down (not consumed);
+// ResourceExhausted when a copy exceeds the whole memory budget or memory
+// runs out; Cancelled. The message names the value seen and the way out.
+//
+// Example, a request handler:
+//
+//   asio::awaitable<void> handle(dlasync::runtime& rt, DLManagedTensorVersioned* in) {
+//     dlasync::managed_tensor source(in);
+//     dlasync::import_options options;
+//     options.require_contiguous = true;
+//     absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(rt, source, options);
+//     if (!t.ok()) co_return reply_error(t.status());
+//     co_return reply(sum(*t));
+//   }
+#pragma once
+
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "asio/async_result.hpp"
+#include "asio/awaitable.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/transfer/detail/import_op.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/tensor.hpp"
+
+namespace dlasync {
+
+// Imports `source` onto `options.target`. `source` must stay alive until the
+// awaitable completes. A zero-copy import completes without suspending.
+asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
+                                                      import_options options = {});
+
+// The same as an Asio initiating function: validation runs at the call, so
+// `source` tells at once whether it was consumed.
+template <typename CompletionToken>
+auto async_import_dlpack(runtime& rt, managed_tensor& source, const import_options& options,
+                         CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(absl::StatusOr<tensor>)>(
+      detail::initiate_import{&rt}, token, detail::begin_import(rt, source, options));
+}
+
+// Imports every tensor of `sources` concurrently with the same options, and
+// completes when all are done with one result per tensor, in order. Each
+// handle follows the ownership rule above on its own: validation runs at the
+// call. Cancelling the batch cancels every member still running.
+asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
+    runtime& rt, std::span<managed_tensor> sources, import_options options = {});
+
+// Completion signature: void(std::vector<absl::StatusOr<dlasync::tensor>>).
+template <typename CompletionToken>
+auto async_import_dlpack_batch(runtime& rt, std::span<managed_tensor> sources,
+                               const import_options& options, CompletionToken&& token) {
+  return asio::async_initiate<CompletionToken, void(std::vector<absl::StatusOr<tensor>>)>(
+      detail::initiate_batch{&rt}, token, detail::begin_batch(rt, sources, options));
+}
+
+}  // namespace dlasync

@@ -1,0 +1,236 @@
+#include "dlasync/transfer/import.hpp"
+
+#include "absl/strings/str_cat.h"
+
+namespace dlasync {
+namespace detail {
+namespace {
+
+// How the copy reads the source: its elements as `strided_copy` sees them.
+strided_layout source_layout(const DLTensor& dl, const import_plan& plan) {
+  strided_layout layout;
+  if (plan.type.is_sub_byte()) {  // packed and compact: plain bytes
+    layout.element_size = 1;
+    layout.shape.push_back(static_cast<std::int64_t>(plan.byte_size));
+    layout.strides.push_back(1);
+    return layout;
+  }
+  layout.element_size = plan.type.bits / 8u;
+  layout.shape.assign(dl.shape, dl.shape + dl.ndim);
+  layout.strides.resize(layout.shape.size());
+  std::int64_t stride = 1;
+  for (std::int32_t i = dl.ndim - 1; i >= 0; --i) {
+    layout.strides[i] = dl.strides != nullptr ? dl.strides[i] : stride;
+    stride *= std::max<std::int64_t>(layout.shape[i], 1);
+  }
+  return layout;
+}
+
+absl::Status shutting_down() {
+  return absl::UnavailableError(
+      "the dlasync runtime is shutting down and accepts no new imports; the tensor was not "
+      "consumed: import it on another runtime");
+}
+
+}  // namespace
+
+import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
+  import_start start;
+  if (!rt.accepting()) {
+    start.ready = shutting_down();
+    return start;
+  }
+  absl::StatusOr<import_plan> plan = plan_import(source, options, rt.registry());
+  if (!plan.ok()) {
+    start.ready = plan.status();
+  } else if (!plan->needs_copy()) {
+    start.ready = tensor::make_view(std::move(source), *plan);
+  } else {
+    start.plan = *plan;
+    start.source = std::move(source);
+  }
+  return start;
+}
+
+std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
+                                      const import_options& options) {
+  std::vector<import_start> members;
+  members.reserve(sources.size());
+  for (managed_tensor& source : sources) members.push_back(begin_import(rt, source, options));
+  return members;
+}
+
+copy_import::copy_import(runtime& rt, managed_tensor source, const import_plan& plan, done_fn done)
+    : rt_(rt),
+      source_(std::move(source)),
+      plan_(plan),
+      done_(std::move(done)),
+      control_(std::make_shared<copy_control>()) {
+  const DLTensor& dl = *source_.dl_tensor();
+  shape_.assign(dl.shape, dl.shape + dl.ndim);
+}
+
+void copy_import::start() {
+  std::weak_ptr<copy_import> weak = weak_from_this();
+  op_id_ = rt_.begin_operation([weak] {
+    if (std::shared_ptr<copy_import> self = weak.lock()) self->cancel();
+  });
+  if (op_id_ == 0) return finish(shutting_down());
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = true;
+  }
+  const std::uint64_t ticket = rt_.copy_budget().acquire(
+      plan_.byte_size, [self = shared_from_this()](absl::Status s) { self->on_budget(s); });
+  {
+    std::lock_guard lock(mutex_);
+    if (!waiting_for_budget_) return;
+    ticket_ = ticket;
+  }
+  // A cancel that came before the ticket was known could not end the wait.
+  if (control_->cancel_requested.load(std::memory_order_acquire)) cancel();
+}
+
+void copy_import::cancel() {
+  control_->cancel_requested.store(true, std::memory_order_release);
+  std::uint64_t ticket = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (waiting_for_budget_) ticket = ticket_;
+  }
+  if (ticket != 0) {
+    rt_.copy_budget().cancel(
+        ticket, absl::CancelledError("the import was cancelled while it waited for copy memory "
+                                     "budget; the source tensor was released"));
+  }
+}
+
+void copy_import::on_budget(absl::Status status) {
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = false;
+  }
+  if (!status.ok()) return finish(std::move(status));
+  const std::uint64_t bytes = plan_.byte_size;
+  std::shared_ptr<memory_budget> budget = rt_.copy_budget_ptr();
+  if (control_->cancel_requested.load(std::memory_order_acquire)) {
+    budget->release(bytes);
+    return finish(absl::CancelledError(
+        "the import was cancelled before its copy started; the source tensor was released"));
+  }
+  backend& target = rt_.backend_for(plan_.target);
+  absl::StatusOr<device_buffer> allocated = target.allocate(plan_.target, bytes, plan_.alignment);
+  if (!allocated.ok()) {
+    budget->release(bytes);
+    return finish(allocated.status());
+  }
+  // The copy's memory counts against the budget until the tensor lets go.
+  void* data = allocated->data();
+  buffer_ = device_buffer(plan_.target, data, bytes,
+                          [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
+                            memory.reset();
+                            budget->release(n);
+                          });
+
+  copy_job job;
+  job.source_device = plan_.source;
+  job.source = reinterpret_cast<const void*>(plan_.address);
+  job.destination = data;
+  job.layout = source_layout(*source_.dl_tensor(), plan_);
+  job.control = control_;
+  const stream_ref stream = rt_.next_stream(plan_.target);
+  target.enqueue_copy(stream, std::move(job));
+  target.record(stream)->on_complete(
+      [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+}
+
+void copy_import::on_copied(absl::Status status) {
+  // Nothing reads the source any more.
+  source_.reset();
+  if (control_->aborted.load(std::memory_order_acquire)) {
+    buffer_.reset();
+    return finish(absl::CancelledError(
+        "the import was cancelled during its copy; the partial copy was freed and the source "
+        "tensor released"));
+  }
+  if (!status.ok()) {
+    buffer_.reset();
+    return finish(std::move(status));
+  }
+  finish(tensor::make_copy(std::move(buffer_), plan_, shape_));
+}
+
+void copy_import::finish(import_result result) {
+  source_.reset();
+  std::move(done_)(std::move(result));
+  if (op_id_ != 0) rt_.end_operation(op_id_);
+}
+
+batch_import::batch_import(std::size_t size, done_fn done)
+    : results_(size, absl::UnknownError("not imported")), done_(std::move(done)) {}
+
+void batch_import::start(runtime& rt, std::vector<import_start> members) {
+  // One extra count keeps the batch from completing while members start.
+  remaining_.store(members.size() + 1, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    import_start& m = members[i];
+    if (m.ready) {
+      member_done(i, std::move(*m.ready));
+      continue;
+    }
+    auto op = std::make_shared<copy_import>(
+        rt, std::move(m.source), m.plan,
+        [self = shared_from_this(), i](import_result r) { self->member_done(i, std::move(r)); });
+    bool cancelled = false;
+    {
+      std::lock_guard lock(mutex_);
+      ops_.push_back(op);
+      cancelled = cancelled_;
+    }
+    if (cancelled) op->cancel();
+    op->start();
+  }
+  arrive();
+}
+
+void batch_import::cancel() {
+  std::vector<std::shared_ptr<copy_import>> ops;
+  {
+    std::lock_guard lock(mutex_);
+    cancelled_ = true;
+    ops = ops_;
+  }
+  for (const std::shared_ptr<copy_import>& op : ops) op->cancel();
+}
+
+void batch_import::member_done(std::size_t index, import_result result) {
+  results_[index] = std::move(result);
+  arrive();
+}
+
+void batch_import::arrive() {
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  {
+    std::lock_guard lock(mutex_);
+    ops_.clear();  // the members hold the batch; drop the cycle
+  }
+  std::move(done_)(std::move(results_));
+}
+
+}  // namespace detail
+
+asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
+                                                      import_options options) {
+  detail::import_start start = detail::begin_import(rt, source, options);
+  if (start.ready) co_return std::move(*start.ready);
+  co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                          void(absl::StatusOr<tensor>)>(
+      detail::initiate_import{&rt}, asio::use_awaitable, std::move(start));
+}
+
+asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
+    runtime& rt, std::span<managed_tensor> sources, import_options options) {
+  co_return co_await async_import_dlpack_batch(rt, sources, options, asio::use_awaitable);
+}
+
+}  // namespace dlasync
