@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/post.hpp"
+#include "host_block_cache.hpp"
 
 namespace dlasync::detail {
 
@@ -52,7 +53,10 @@ class host_stream {
 };
 
 host_backend::host_backend(host_backend_options options, asio::thread_pool& pool)
-    : options_(std::move(options)), pool_(pool) {
+    : options_(std::move(options)),
+      pool_(pool),
+      cache_(
+          std::make_shared<host_block_cache>(options_.cache_min_bytes, options_.cache_max_bytes)) {
   const int count = options_.host_devices * options_.streams_per_device;
   for (int i = 0; i < count; ++i) streams_.push_back(std::make_unique<host_stream>(pool_));
 }
@@ -78,13 +82,16 @@ absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t byt
                                                      std::size_t alignment) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   alignment = std::max<std::size_t>(alignment, 64);  // a cache line at least
-  const std::uint64_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  void* data = rounded < bytes ? nullptr : std::aligned_alloc(alignment, rounded);
+  std::uint64_t capacity = 0;
+  void* data = cache_->acquire(bytes, alignment, capacity);
   if (data == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes on ", d.name(), ": out of host memory"));
   }
-  return device_buffer(d, data, bytes, [](void* p, std::uint64_t) { std::free(p); });
+  return device_buffer(d, data, bytes,
+                       [cache = cache_, capacity, alignment](void* p, std::uint64_t) {
+                         cache->release(p, capacity, alignment);
+                       });
 }
 
 void host_backend::enqueue_copy(stream_ref s, copy_job job) {

@@ -20,10 +20,13 @@ struct host_backend_options {
   int streams_per_device = 2;
   int worker_threads = 1;
   std::uint64_t parallel_copy_bytes = 4 << 20;
+  std::uint64_t cache_min_bytes = 256 << 10;
+  std::uint64_t cache_max_bytes = 0;
   std::function<void()> copy_unit_observer;
 };
 
 class host_stream;
+class host_block_cache;
 
 class host_backend final : public backend {
  public:
@@ -48,6 +51,7 @@ class host_backend final : public backend {
 
   host_backend_options options_;
   asio::thread_pool& pool_;
+  std::shared_ptr<host_block_cache> cache_;
   std::vector<std::unique_ptr<host_stream>> streams_;
 };
 

@@ -64,6 +64,7 @@ runtime::runtime(runtime_options options, device_registry registry)
   host.streams_per_device = options_.streams_per_device;
   host.worker_threads = options_.worker_threads;
   host.parallel_copy_bytes = options_.parallel_copy_bytes;
+  host.cache_max_bytes = options_.host_cache_bytes;
   host.copy_unit_observer = options_.copy_unit_observer;
   host_ = std::make_unique<detail::host_backend>(std::move(host), workers_);
   next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
 namespace dlasync {
 namespace {
 
@@ -10,10 +15,109 @@ namespace {
 constexpr std::int64_t run_unit_bytes = 256 * 1024;
 constexpr std::int64_t gather_unit_bytes = 64 * 1024;
 constexpr std::int64_t tile = 32;
+constexpr std::int64_t tile_run_bytes = 512;
 
 template <std::size_t N>
 inline void copy_element(char* dst, const char* src) {
   std::memcpy(dst, src, N);
+}
+
+// Square blocks of B x B elements of N bytes transposed in registers: from
+// `src` rows `ss` bytes apart to `dst` rows `ds` bytes apart. B is 0 where
+// there is no such kernel; the tile loop then copies element by element.
+template <std::size_t N>
+struct micro_transpose {
+  static constexpr std::int64_t size = 0;
+  static void run(const char*, std::int64_t, char*, std::int64_t) {}
+};
+
+#if defined(__SSE2__)
+template <>
+struct micro_transpose<4> {
+  static constexpr std::int64_t size = 4;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    // Shuffles move bits unchanged, so any 4-byte data travels as floats.
+    __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(s));
+    __m128 r1 = _mm_loadu_ps(reinterpret_cast<const float*>(s + ss));
+    __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 2 * ss));
+    __m128 r3 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 3 * ss));
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(reinterpret_cast<float*>(d), r0);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + ds), r1);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + 2 * ds), r2);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + 3 * ds), r3);
+  }
+};
+
+template <>
+struct micro_transpose<8> {
+  static constexpr std::int64_t size = 2;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + ss));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi64(r0, r1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + ds), _mm_unpackhi_epi64(r0, r1));
+  }
+};
+
+template <>
+struct micro_transpose<2> {
+  static constexpr std::int64_t size = 8;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    __m128i a[8];
+    for (int i = 0; i < 8; ++i)
+      a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * ss));
+    __m128i b[8];
+    for (int i = 0; i < 4; ++i) {
+      b[2 * i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+      b[2 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    const __m128i c0 = _mm_unpacklo_epi32(b[0], b[2]);
+    const __m128i c1 = _mm_unpackhi_epi32(b[0], b[2]);
+    const __m128i c2 = _mm_unpacklo_epi32(b[1], b[3]);
+    const __m128i c3 = _mm_unpackhi_epi32(b[1], b[3]);
+    const __m128i c4 = _mm_unpacklo_epi32(b[4], b[6]);
+    const __m128i c5 = _mm_unpackhi_epi32(b[4], b[6]);
+    const __m128i c6 = _mm_unpacklo_epi32(b[5], b[7]);
+    const __m128i c7 = _mm_unpackhi_epi32(b[5], b[7]);
+    const __m128i rows[8] = {_mm_unpacklo_epi64(c0, c4), _mm_unpackhi_epi64(c0, c4),
+                             _mm_unpacklo_epi64(c1, c5), _mm_unpackhi_epi64(c1, c5),
+                             _mm_unpacklo_epi64(c2, c6), _mm_unpackhi_epi64(c2, c6),
+                             _mm_unpacklo_epi64(c3, c7), _mm_unpackhi_epi64(c3, c7)};
+    for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i * ds), rows[i]);
+  }
+};
+#endif
+
+// Rows [r0, r1) of the tile dimension (source stride N bytes) against all
+// `cols` columns of the last dimension (destination stride N bytes), in
+// tile-wide column strips, with register transposes where there are some.
+template <std::size_t N>
+void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
+                    std::int64_t r1, std::int64_t cols) {
+  constexpr std::int64_t b = micro_transpose<N>::size;
+  constexpr auto n = static_cast<std::int64_t>(N);
+  auto element = [&](std::int64_t r, std::int64_t c) {
+    copy_element<N>(d + r * d_row + c * n, s + r * n + c * s_col);
+  };
+  for (std::int64_t c0 = 0; c0 < cols; c0 += tile) {
+    const std::int64_t c1 = std::min(c0 + tile, cols);
+    std::int64_t r = r0;
+    if constexpr (b > 0) {
+      for (; r + b <= r1; r += b) {
+        std::int64_t c = c0;
+        for (; c + b <= c1; c += b) {
+          micro_transpose<N>::run(s + r * n + c * s_col, s_col, d + r * d_row + c * n, d_row);
+        }
+        for (std::int64_t rr = r; rr < r + b; ++rr) {
+          for (std::int64_t cc = c; cc < c1; ++cc) element(rr, cc);
+        }
+      }
+    }
+    for (; r < r1; ++r) {
+      for (std::int64_t c = c0; c < c1; ++c) element(r, c);
+    }
+  }
 }
 
 }  // namespace
@@ -54,7 +158,9 @@ strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.
   if (src_stride_[last] == es) {
     kernel_ = kernel::runs;
   } else {
-    for (int i = last - 1; i >= 0; --i) {
+    // Tiles have kernels for the element sizes of real dtypes.
+    const bool sized = es == 1 || es == 2 || es == 4 || es == 8 || es == 16;
+    for (int i = last - 1; i >= 0 && sized; --i) {
       if (src_stride_[i] == es && shape_[i] >= 8 && shape_[last] >= 8) {
         tile_dim_ = i;
         break;
@@ -64,8 +170,10 @@ strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.
   }
 
   if (kernel_ == kernel::tile) {
+    // Each unit reads tile_run_bytes from every source row it visits, so a
+    // visit to a far-away row (often another page) brings several lines.
     split_dim_ = tile_dim_;
-    block_ = tile;
+    block_ = std::max<std::int64_t>(tile, tile_run_bytes / es);
   } else {
     split_dim_ = last;
     const std::int64_t unit = kernel_ == kernel::runs ? run_unit_bytes : gather_unit_bytes;
@@ -152,23 +260,8 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin,
       for (std::int64_t i = lo; i < hi; ++i) {
         copy_one(d + i * static_cast<std::int64_t>(es), s + i * ss);
       }
-    } else {
-      // Rows [lo, hi) of the tile dimension (source stride one element)
-      // against the whole last dimension, in tile-wide column strips.
-      const std::int64_t cols = shape_[last];
-      const std::int64_t s_col = src_stride_[last];
-      const std::int64_t d_row = dst_stride_[tile_dim_];
-      const std::int64_t s_row = static_cast<std::int64_t>(es);
-      for (std::int64_t c0 = 0; c0 < cols; c0 += tile) {
-        const std::int64_t c1 = std::min(c0 + tile, cols);
-        for (std::int64_t r = lo; r < hi; ++r) {
-          char* drow = d + r * d_row;
-          const char* srow = s + r * s_row;
-          for (std::int64_t c = c0; c < c1; ++c) {
-            copy_one(drow + c * static_cast<std::int64_t>(es), srow + c * s_col);
-          }
-        }
-      }
+    } else if constexpr (N != 0) {
+      transpose_rows<N>(s, src_stride_[last], d, dst_stride_[tile_dim_], lo, hi, shape_[last]);
     }
     if (++block == blocks_) {
       block = 0;

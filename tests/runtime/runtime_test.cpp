@@ -79,6 +79,33 @@ TEST_CASE("a stream waits for another stream's marker", "[runtime][backend]") {
   CHECK(testing::eventually([&] { return after->done(); }));
 }
 
+TEST_CASE("freed large host buffers are reused within their size class", "[runtime][backend]") {
+  std::unique_ptr<runtime> rt = testing::make_runtime();
+  backend& host = rt->backend_for(host_device);
+  void* first = nullptr;
+  {
+    absl::StatusOr<device_buffer> b = host.allocate(host_device, 3 << 20, 64);
+    REQUIRE(b.ok());
+    first = b->data();
+  }
+  absl::StatusOr<device_buffer> again = host.allocate(host_device, (3 << 20) - 100, 64);
+  REQUIRE(again.ok());
+  CHECK(again->data() == first);  // same size class: the cached block
+  absl::StatusOr<device_buffer> other = host.allocate(host_device, 3 << 20, 64);
+  REQUIRE(other.ok());
+  CHECK(other->data() != first);
+
+  runtime_options o;
+  o.topology = process_topology::single_process();
+  o.worker_threads = 1;
+  o.host_cache_bytes = 0;
+  std::unique_ptr<runtime> uncached = *runtime::create(o);
+  backend& plain = uncached->backend_for(host_device);
+  absl::StatusOr<device_buffer> kept = plain.allocate(host_device, 1 << 20, 64);
+  REQUIRE(kept.ok());
+  CHECK(reinterpret_cast<std::uintptr_t>(kept->data()) % 64 == 0);
+}
+
 TEST_CASE("host allocations are aligned and refuse the impossible", "[runtime][backend]") {
   std::unique_ptr<runtime> rt = testing::make_runtime();
   backend& host = rt->backend_for(host_device);

@@ -88,6 +88,12 @@ TEST_CASE("transposes are copied in cache tiles", "[runtime][copy]") {
   check_layout(l);
   check_layout({8, {3, 50, 40}, {2000, 1, 50}});
   check_layout({2, {40, 3, 50}, {1, 2000, 40}});
+  // Every element size with a register kernel, with ragged edges.
+  check_layout({1, {33, 47}, {1, 33}});
+  check_layout({2, {35, 29}, {1, 35}});
+  check_layout({4, {37, 26}, {1, 37}});
+  check_layout({8, {19, 23}, {1, 19}});
+  check_layout({16, {9, 17}, {1, 9}});
 }
 
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {

@@ -65,6 +65,9 @@ struct runtime_options {
   std::uint64_t copy_memory_budget = 0;
   // Host copies of at least this many bytes are split across the workers.
   std::uint64_t parallel_copy_bytes = 4 << 20;
+  // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
+  // this many bytes, so that imports do not page-fault through fresh memory.
+  std::uint64_t host_cache_bytes = std::uint64_t{1} << 30;
   // Instrumentation: called by copy workers after each piece of a copy.
   std::function<void()> copy_unit_observer;
 };

@@ -1,0 +1,312 @@
+// Host benchmarks: the cost of a zero-copy import, and the bandwidth of
+// strided-to-row-major copies, each against a baseline measured in the same
+// run. After the benchmarks it prints a table of ratios of medians.
+//
+//   dlasync_bench_host [google benchmark flags]
+//   DLASYNC_BENCH_MAX_BYTES=N  largest copy size (default 64 MiB)
+//
+// Copies are measured two ways: the copy kernel alone on one thread into a
+// warm destination (against memcpy of the same bytes), and whole imports
+// through the runtime with its worker pool (against memcpy split over as
+// many threads, into a warm destination, so allocation is charged to us).
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/io_context.hpp"
+#include "asio/post.hpp"
+#include "asio/thread_pool.hpp"
+#include "asio/use_awaitable.hpp"
+#include "asio/use_future.hpp"
+#include "dlasync/dlasync.hpp"
+
+namespace {
+
+constexpr int workers = 2;
+
+dlasync::runtime& bench_runtime() {
+  static std::unique_ptr<dlasync::runtime> rt = [] {
+    dlasync::runtime_options o;
+    o.topology = dlasync::process_topology::single_process(2);
+    o.worker_threads = workers;
+    return *dlasync::runtime::create(o);
+  }();
+  return *rt;
+}
+
+std::int64_t max_bytes() {
+  const char* text = std::getenv("DLASYNC_BENCH_MAX_BYTES");
+  return text != nullptr ? std::atoll(text) : std::int64_t{64} << 20;
+}
+
+// A 64x64 float32 tensor with no deleter: wrapping it costs nothing.
+struct small_tensor {
+  float data[4096] = {};
+  std::int64_t shape[2] = {64, 64};
+  DLManagedTensorVersioned managed{};
+  small_tensor() {
+    managed.version = {1, 3};
+    managed.dl_tensor.data = data;
+    managed.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
+    managed.dl_tensor.ndim = 2;
+    managed.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
+    managed.dl_tensor.shape = shape;
+  }
+};
+
+void fast_path_inline(benchmark::State& state) {
+  small_tensor t;
+  const dlasync::device_registry& registry = bench_runtime().registry();
+  for (auto _ : state) {
+    dlasync::managed_tensor source(&t.managed);
+    absl::StatusOr<dlasync::tensor> view = dlasync::import_view(source, {}, registry);
+    benchmark::DoNotOptimize(view);
+  }
+}
+BENCHMARK(fast_path_inline);
+
+void fast_path_co_await(benchmark::State& state) {
+  small_tensor t;
+  dlasync::runtime& rt = bench_runtime();
+  asio::io_context io;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (auto _ : state) {
+          dlasync::managed_tensor source(&t.managed);
+          absl::StatusOr<dlasync::tensor> view = co_await dlasync::import_dlpack(rt, source);
+          benchmark::DoNotOptimize(view);
+        }
+      },
+      asio::detached);
+  io.run();
+}
+BENCHMARK(fast_path_co_await);
+
+void baseline_co_await_post(benchmark::State& state) {
+  asio::io_context io;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (auto _ : state) co_await asio::post(asio::use_awaitable);
+      },
+      asio::detached);
+  io.run();
+}
+BENCHMARK(baseline_co_await_post);
+
+// Strided layouts whose compact copy is `bytes` long, of float32.
+struct layout {
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  std::int64_t first = 0;   // elements from the buffer start to the first element
+  std::int64_t buffer = 0;  // elements of backing buffer
+};
+
+layout make_layout(const std::string& kind, std::int64_t bytes) {
+  const std::int64_t n = bytes / 4;
+  if (kind == "rows") {  // every other row of runs of 256 floats: 1 KiB runs
+    const std::int64_t cols = 256;
+    const std::int64_t rows = std::max<std::int64_t>(1, n / cols);
+    return {{rows, cols}, {2 * cols, 1}, 0, 2 * rows * cols};
+  }
+  if (kind == "transpose2d") {
+    std::int64_t side = 1;
+    while ((side * 2) * (side * 2) <= n) side *= 2;
+    return {{side, side}, {1, side}, 0, side * side};
+  }
+  if (kind == "transpose3d") {  // (a, b, c) read as (a, c, b)
+    std::int64_t side = 1;
+    while ((side * 2) * (side * 2) * 8 <= n) side *= 2;
+    return {{8, side, side}, {side * side, 1, side}, 0, 8 * side * side};
+  }
+  if (kind == "broadcast") {  // one row of 256 repeated
+    return {{std::max<std::int64_t>(1, n / 256), 256}, {0, 1}, 0, 256};
+  }
+  // reversed rows
+  const std::int64_t rows = std::max<std::int64_t>(1, n / 256);
+  return {{rows, 256}, {-256, 1}, (rows - 1) * 256, rows * 256};
+}
+
+std::int64_t copy_bytes(const layout& l) {
+  std::int64_t count = 4;
+  for (std::int64_t e : l.shape) count *= e;
+  return count;
+}
+
+void kernel_copy(benchmark::State& state, const std::string& kind) {
+  const layout l = make_layout(kind, state.range(0));
+  std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
+  dlasync::strided_copy copy(
+      {4, {l.shape.begin(), l.shape.end()}, {l.strides.begin(), l.strides.end()}});
+  std::vector<char> dst(copy.bytes());
+  for (auto _ : state) {
+    copy.run(src.data() + l.first, dst.data(), 0, copy.units());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
+}
+
+void baseline_memcpy(benchmark::State& state) {
+  std::vector<char> src(static_cast<std::size_t>(state.range(0)), 1);
+  std::vector<char> dst(src.size());
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), src.size());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+void import_copy(benchmark::State& state, const std::string& kind) {
+  const layout l = make_layout(kind, state.range(0));
+  std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
+  dlasync::runtime& rt = bench_runtime();
+  DLManagedTensorVersioned m{};
+  m.version = {1, 3};
+  m.dl_tensor.data = src.data();
+  m.dl_tensor.byte_offset = static_cast<std::uint64_t>(l.first) * 4;
+  m.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
+  m.dl_tensor.ndim = static_cast<std::int32_t>(l.shape.size());
+  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
+  std::vector<std::int64_t> shape = l.shape;
+  std::vector<std::int64_t> strides = l.strides;
+  m.dl_tensor.shape = shape.data();
+  m.dl_tensor.strides = strides.data();
+  dlasync::import_options o;
+  o.require_contiguous = true;
+  o.copy = true;
+  for (auto _ : state) {
+    dlasync::managed_tensor source(&m);
+    absl::StatusOr<dlasync::tensor> t =
+        dlasync::async_import_dlpack(rt, source, o, asio::use_future).get();
+    if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
+    benchmark::DoNotOptimize(t);
+  }
+  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
+}
+
+void baseline_memcpy_threads(benchmark::State& state) {
+  static asio::thread_pool pool(workers);
+  std::vector<char> src(static_cast<std::size_t>(state.range(0)), 1);
+  std::vector<char> dst(src.size());
+  for (auto _ : state) {
+    std::vector<std::future<void>> parts;
+    for (int p = 0; p < workers; ++p) {
+      const std::size_t begin = src.size() * p / workers;
+      const std::size_t end = src.size() * (p + 1) / workers;
+      parts.push_back(asio::post(pool, asio::use_future([&, begin, end] {
+                                   std::memcpy(dst.data() + begin, src.data() + begin, end - begin);
+                                 })));
+    }
+    for (auto& f : parts) f.get();
+  }
+  state.SetBytesProcessed(state.iterations() * state.range(0));
+}
+
+const char* const layouts[] = {"rows", "transpose2d", "transpose3d", "broadcast", "reversed"};
+
+std::vector<std::int64_t> sizes() {
+  std::vector<std::int64_t> out;
+  for (std::int64_t b = 4 << 10; b <= max_bytes(); b *= 16) out.push_back(b);
+  return out;
+}
+
+void register_copies() {
+  for (std::int64_t b : sizes()) {
+    benchmark::RegisterBenchmark("memcpy", baseline_memcpy)->Arg(b);
+    benchmark::RegisterBenchmark("memcpy_threads", baseline_memcpy_threads)->Arg(b)->UseRealTime();
+    for (const char* kind : layouts) {
+      benchmark::RegisterBenchmark(absl::StrCat("kernel/", kind).c_str(), kernel_copy, kind)
+          ->Arg(b);
+      benchmark::RegisterBenchmark(absl::StrCat("import/", kind).c_str(), import_copy, kind)
+          ->Arg(b)
+          ->UseRealTime();
+    }
+  }
+}
+
+// Keeps the median (or the only run) of each benchmark's real time, in ns.
+class ratio_reporter : public benchmark::ConsoleReporter {
+ public:
+  std::map<std::string, double> median_ns;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.error_occurred) continue;
+      const std::string name = run.benchmark_name();
+      const bool median = run.aggregate_name == "median";
+      if (!median && run.run_type == Run::RT_Aggregate) continue;
+      std::string key = name;
+      if (median) key = name.substr(0, name.rfind("_median"));
+      if (median || !median_ns.count(key)) median_ns[key] = run.GetAdjustedRealTime();
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+void print_ratios(const ratio_reporter& r) {
+  auto get = [&](const std::string& name) {
+    auto it = r.median_ns.find(name);
+    return it == r.median_ns.end() ? 0.0 : it->second;
+  };
+  std::printf("\nratio table (medians of this run)\n");
+  const double inline_ns = get("fast_path_inline");
+  const double await_ns = get("fast_path_co_await");
+  const double post_ns = get("baseline_co_await_post");
+  std::printf("%-34s %10s %10s %8s\n", "fast path", "ns", "base ns", "ratio");
+  std::printf("%-34s %10.1f %10s %8s\n", "import_view (inline)", inline_ns, "-", "-");
+  if (post_ns > 0) {
+    std::printf("%-34s %10.1f %10.1f %8.2f\n", "co_await import vs co_await post", await_ns,
+                post_ns, await_ns / post_ns);
+  }
+  std::printf("\n%-34s %10s %10s %8s\n", "copy (bandwidth ratio to memcpy)", "bytes", "GB/s",
+              "ratio");
+  for (std::int64_t b : sizes()) {
+    const std::string arg = absl::StrCat("/", b);
+    const double memcpy_ns = get(absl::StrCat("memcpy", arg));
+    const double memcpy_mt_ns = get(absl::StrCat("memcpy_threads", arg, "/real_time"));
+    for (const char* kind : layouts) {
+      const double kernel_ns = get(absl::StrCat("kernel/", kind, arg));
+      const double import_ns = get(absl::StrCat("import/", kind, arg, "/real_time"));
+      const double bytes = static_cast<double>(copy_bytes(make_layout(kind, b)));
+      if (kernel_ns > 0 && memcpy_ns > 0) {
+        std::printf("%-34s %10lld %10.2f %8.2f\n", absl::StrCat("kernel 1 thread ", kind).c_str(),
+                    static_cast<long long>(b), bytes / kernel_ns,
+                    (bytes / kernel_ns) / (static_cast<double>(b) / memcpy_ns));
+      }
+      if (import_ns > 0 && memcpy_mt_ns > 0) {
+        std::printf("%-34s %10lld %10.2f %8.2f\n",
+                    absl::StrCat("import ", workers, " workers ", kind).c_str(),
+                    static_cast<long long>(b), bytes / import_ns,
+                    (bytes / import_ns) / (static_cast<double>(b) / memcpy_mt_ns));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Medians of 5 by default; flags given on the command line win.
+  std::vector<char*> args(argv, argv + argc);
+  std::string reps = "--benchmark_repetitions=5";
+  std::string only_aggregates = "--benchmark_report_aggregates_only=true";
+  args.insert(args.begin() + 1, reps.data());
+  args.insert(args.begin() + 2, only_aggregates.data());
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  register_copies();
+  ratio_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  print_ratios(reporter);
+  benchmark::Shutdown();
+  return 0;
+}

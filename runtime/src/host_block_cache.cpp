@@ -1,0 +1,58 @@
+#include "host_block_cache.hpp"
+
+#include <bit>
+#include <cstdlib>
+
+namespace dlasync::detail {
+
+host_block_cache::~host_block_cache() {
+  for (auto& [k, blocks] : free_) {
+    for (void* b : blocks) std::free(b);
+  }
+}
+
+std::uint64_t host_block_cache::size_class(std::uint64_t bytes) {
+  if (bytes <= 4096) return 4096;
+  // Four steps per power of two: 1, 1.25, 1.5, 1.75 times it.
+  const int top = std::bit_width(bytes - 1) - 1;
+  const std::uint64_t step = std::uint64_t{1} << (top - 2);
+  return (bytes + step - 1) / step * step;
+}
+
+void* host_block_cache::acquire(std::uint64_t bytes, std::size_t alignment,
+                                std::uint64_t& capacity) {
+  if (bytes >= min_bytes_) {
+    capacity = size_class(bytes);
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(key{capacity, alignment});
+    if (it != free_.end() && !it->second.empty()) {
+      void* block = it->second.back();
+      it->second.pop_back();
+      cached_ -= capacity;
+      return block;
+    }
+  } else {
+    capacity = (bytes + alignment - 1) / alignment * alignment;
+  }
+  if (capacity < bytes) return nullptr;  // rounding overflowed
+  return std::aligned_alloc(alignment, capacity);
+}
+
+void host_block_cache::release(void* block, std::uint64_t capacity, std::size_t alignment) {
+  if (capacity >= min_bytes_) {
+    std::lock_guard lock(mutex_);
+    if (cached_ + capacity <= cap_bytes_) {
+      free_[key{capacity, alignment}].push_back(block);
+      cached_ += capacity;
+      return;
+    }
+  }
+  std::free(block);
+}
+
+std::uint64_t host_block_cache::cached_bytes() const {
+  std::lock_guard lock(mutex_);
+  return cached_;
+}
+
+}  // namespace dlasync::detail
