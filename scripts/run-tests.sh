@@ -27,6 +27,6 @@ build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = thread ] && build_dir=build-tsan
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize"
+  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=ON
 cmake --build "$build_dir" --parallel "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" --timeout 300
