@@ -182,11 +182,21 @@ strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.
   block_ = std::min(block_, shape_[split_dim_]);
   blocks_ = (shape_[split_dim_] + block_ - 1) / block_;
   outer_count_ = 1;
-  for (int i = 0; i < ndim_; ++i) {
-    if (i == split_dim_ || (kernel_ == kernel::tile && i == last)) continue;
+  for (int i = 0; i < split_dim_; ++i) {
     outer_dims_.push_back(i);
     outer_count_ *= shape_[i];
   }
+  if (kernel_ == kernel::tile) {
+    for (int i = split_dim_ + 1; i < last; ++i) middle_dims_.push_back(i);
+  }
+}
+
+std::uint64_t strided_copy::dst_offset(std::int64_t unit) const noexcept {
+  if (blocks_ == 0) return 0;
+  const std::int64_t row = dst_stride_[split_dim_];
+  const std::int64_t outer = unit / blocks_;
+  const std::int64_t first = std::min((unit % blocks_) * block_, shape_[split_dim_]);
+  return static_cast<std::uint64_t>(outer * shape_[split_dim_] * row + first * row);
 }
 
 std::uint64_t strided_copy::unit_bytes() const noexcept {
@@ -204,22 +214,24 @@ const char* strided_copy::kernel_name() const noexcept {
   return "none";
 }
 
-void strided_copy::run(const void* src, void* dst, std::int64_t begin, std::int64_t end) const {
+void strided_copy::run(const void* src, void* dst, std::int64_t begin, std::int64_t end,
+                       std::uint64_t dst_origin) const {
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
+  const auto origin = static_cast<std::int64_t>(dst_origin);
   switch (element_size_) {
-    case 1: return run_sized<1>(s, d, begin, end);
-    case 2: return run_sized<2>(s, d, begin, end);
-    case 4: return run_sized<4>(s, d, begin, end);
-    case 8: return run_sized<8>(s, d, begin, end);
-    case 16: return run_sized<16>(s, d, begin, end);
-    default: return run_sized<0>(s, d, begin, end);
+    case 1: return run_sized<1>(s, d, begin, end, origin);
+    case 2: return run_sized<2>(s, d, begin, end, origin);
+    case 4: return run_sized<4>(s, d, begin, end, origin);
+    case 8: return run_sized<8>(s, d, begin, end, origin);
+    case 16: return run_sized<16>(s, d, begin, end, origin);
+    default: return run_sized<0>(s, d, begin, end, origin);
   }
 }
 
 template <std::size_t N>
-void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin,
-                             std::int64_t end) const {
+void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std::int64_t end,
+                             std::int64_t dst_origin) const {
   if (begin >= end || kernel_ == kernel::none) return;
   const std::size_t es = N != 0 ? N : element_size_;
   auto copy_one = [es](char* to, const char* from) {
@@ -236,7 +248,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin,
   std::int64_t flat = begin / blocks_;
   std::int64_t block = begin % blocks_;
   std::int64_t src_off = 0;
-  std::int64_t dst_off = 0;
+  std::int64_t dst_off = -dst_origin;
   for (int j = outer - 1; j >= 0; --j) {
     const int dim = outer_dims_[j];
     index[j] = flat % shape_[dim];
@@ -261,7 +273,26 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin,
         copy_one(d + i * static_cast<std::int64_t>(es), s + i * ss);
       }
     } else if constexpr (N != 0) {
-      transpose_rows<N>(s, src_stride_[last], d, dst_stride_[tile_dim_], lo, hi, shape_[last]);
+      // One (tile, last) plane for each index of the middle dimensions.
+      const int middle = static_cast<int>(middle_dims_.size());
+      std::int64_t mid[max_dims] = {};
+      std::int64_t mid_src = 0;
+      std::int64_t mid_dst = 0;
+      while (true) {
+        transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], lo,
+                          hi, shape_[last]);
+        int j = middle - 1;
+        for (; j >= 0; --j) {
+          const int dim = middle_dims_[j];
+          mid_src += src_stride_[dim];
+          mid_dst += dst_stride_[dim];
+          if (++mid[j] < shape_[dim]) break;
+          mid_src -= mid[j] * src_stride_[dim];
+          mid_dst -= mid[j] * dst_stride_[dim];
+          mid[j] = 0;
+        }
+        if (j < 0) break;
+      }
     }
     if (++block == blocks_) {
       block = 0;

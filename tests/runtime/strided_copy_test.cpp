@@ -60,6 +60,23 @@ void check_layout(const strided_layout& l) {
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
   CHECK(got.back() == 0xEE);  // nothing written past the end
 
+  // Each unit range lands in its own chunk at dst_offset: a staging copy.
+  const std::int64_t n = copy.units();
+  REQUIRE(copy.dst_offset(0) == 0);
+  REQUIRE(copy.dst_offset(n) == copy.bytes());
+  std::vector<std::uint8_t> chunked(want.size());
+  for (std::int64_t begin = 0; begin < n; begin += 2) {
+    const std::int64_t end = std::min(n, begin + 2);
+    const std::uint64_t from = copy.dst_offset(begin);
+    const std::uint64_t to = copy.dst_offset(end);
+    REQUIRE(from <= to);
+    std::vector<std::uint8_t> chunk(to - from + 1, 0xEE);
+    copy.run(src.first, chunk.data(), begin, end, from);
+    CHECK(chunk.back() == 0xEE);  // the units stay inside their range
+    std::memcpy(chunked.data() + from, chunk.data(), to - from);
+  }
+  CHECK(std::memcmp(chunked.data(), want.data(), want.size()) == 0);
+
   // Split into uneven ranges, run backwards: the same bytes.
   std::vector<std::uint8_t> split(want.size() + 1, 0xEE);
   const std::int64_t units = copy.units();
@@ -94,6 +111,10 @@ TEST_CASE("transposes are copied in cache tiles", "[runtime][copy]") {
   check_layout({4, {37, 26}, {1, 37}});
   check_layout({8, {19, 23}, {1, 19}});
   check_layout({16, {9, 17}, {1, 9}});
+  // Dimensions between the tile dimension and the last are inside each unit.
+  strided_layout middle{4, {40, 3, 5, 24}, {1, 40 * 24 * 5, 40 * 24, 40}};
+  CHECK(strided_copy(middle).which() == strided_copy::kernel::tile);
+  check_layout(middle);
 }
 
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {

@@ -58,15 +58,24 @@ class strided_copy {
   kernel which() const noexcept { return kernel_; }
   const char* kernel_name() const noexcept;
 
+  // Units write contiguous destination ranges in order: unit u writes
+  // [dst_offset(u), dst_offset(u + 1)), and dst_offset(units()) == bytes().
+  // So a range of units can be gathered into a chunk of its own (staging).
+  std::uint64_t dst_offset(std::int64_t unit) const noexcept;
+
   // Copies units [begin, end). `src` is the first element of the source;
-  // `dst` is the start of a compact destination of bytes() bytes.
-  void run(const void* src, void* dst, std::int64_t begin, std::int64_t end) const;
+  // `dst` is where destination byte `dst_origin` goes (0: the start of a
+  // compact destination of bytes() bytes; dst_offset(begin): a chunk that
+  // holds just these units).
+  void run(const void* src, void* dst, std::int64_t begin, std::int64_t end,
+           std::uint64_t dst_origin = 0) const;
 
  private:
   static constexpr int max_dims = 64;
 
   template <std::size_t N>
-  void run_sized(const char* src, char* dst, std::int64_t begin, std::int64_t end) const;
+  void run_sized(const char* src, char* dst, std::int64_t begin, std::int64_t end,
+                 std::int64_t dst_origin) const;
 
   kernel kernel_ = kernel::none;
   std::size_t element_size_ = 1;
@@ -77,10 +86,13 @@ class strided_copy {
   absl::InlinedVector<std::int64_t, 8> dst_stride_;  // bytes
   int split_dim_ = 0;                                // the dimension cut into blocks
   int tile_dim_ = -1;                                // tile: the dimension with source stride 1
-  std::int64_t block_ = 1;                           // elements of split_dim_ per unit
+  // tile: the dimensions between the tile dimension and the last, iterated
+  // inside each unit so that a unit's destination stays contiguous.
+  absl::InlinedVector<int, 8> middle_dims_;
+  std::int64_t block_ = 1;  // elements of split_dim_ per unit
   std::int64_t blocks_ = 0;
   std::int64_t outer_count_ = 0;
-  absl::InlinedVector<int, 8> outer_dims_;  // iterated outside the kernel
+  absl::InlinedVector<int, 8> outer_dims_;  // the dimensions before split_dim_
 };
 
 }  // namespace dlasync
