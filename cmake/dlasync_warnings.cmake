@@ -2,17 +2,16 @@
 # GCC 12's maybe-uninitialized reports false positives inside abseil's
 # AnyInvocable at -O3 and under sanitizers: it stays a warning, not an error.
 function(dlasync_set_warnings target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra -Wpedantic -Werror
-                                           -Wno-error=maybe-uninitialized)
+  target_compile_options(${target} PRIVATE
+    "$<$<COMPILE_LANGUAGE:CXX>:-Wall;-Wextra;-Wpedantic;-Werror;-Wno-error=maybe-uninitialized>")
 endfunction()
 
 if(DLASYNC_SANITIZE STREQUAL "address")
-  add_compile_options(-fsanitize=address,undefined -fno-sanitize-recover=all
-                      -fno-omit-frame-pointer)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined;-fno-sanitize-recover=all;-fno-omit-frame-pointer>")
   add_link_options(-fsanitize=address,undefined)
 elseif(DLASYNC_SANITIZE STREQUAL "thread")
   # GCC warns that TSan does not model the fences in Asio and abseil.
-  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer -Wno-tsan)
+  add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread;-fno-omit-frame-pointer;-Wno-tsan>")
   add_link_options(-fsanitize=thread)
 elseif(NOT DLASYNC_SANITIZE STREQUAL "")
   message(FATAL_ERROR "DLASYNC_SANITIZE must be empty, 'address' or 'thread', "

@@ -1,0 +1,145 @@
+// dlasync/runtime/cuda_api.hpp
+//
+// The CUDA seam: every CUDA runtime call dlasync makes goes through
+// `dlasync::cuda::api`. Two implementations stand behind it:
+//   - the real CUDA runtime (cudart), in builds with DLASYNC_WITH_CUDA;
+//   - a simulated CUDA runtime (dlasync/runtime/sim_cuda.hpp) for machines
+//     without a GPU, always reported as simulated.
+// `make_api` picks one from a mode string: "off", "real", "sim:N" (N
+// simulated GPUs) or "auto" (real when a device is present, else off). The
+// environment variable DLASYNC_CUDA gives the mode when the runtime options
+// leave it empty.
+//
+// Calls mirror cudart's, with the same error numbers, so the real
+// implementation is a thin forwarding layer. Handles are opaque pointers;
+// DLPack's stream values 1 (legacy default) and 2 (per-thread default) are
+// valid stream handles, as in cudart.
+//
+// Thread safety: implementations are safe to call from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlasync/runtime/strided_copy.hpp"
+
+namespace dlasync::cuda {
+
+using stream_t = void*;
+using event_t = void*;
+
+// cudaError_t values dlasync distinguishes; others pass through as numbers.
+enum class error : int {
+  success = 0,
+  invalid_value = 1,
+  memory_allocation = 2,
+  initialization_error = 3,
+  insufficient_driver = 35,
+  no_device = 100,
+  invalid_device = 101,
+  invalid_resource_handle = 400,
+  not_ready = 600,
+  illegal_address = 700,
+  launch_failure = 719,
+  peer_access_unsupported = 217,
+  unknown = 999,
+};
+
+// "cudaErrorMemoryAllocation"; the number for codes not listed above.
+std::string error_name(error e);
+
+enum class memcpy_kind : int {
+  host_to_host = 0,
+  host_to_device = 1,
+  device_to_host = 2,
+  device_to_device = 3,
+  any = 4,  // cudaMemcpyDefault: inferred from the pointers (unified addressing)
+};
+
+enum class memory_type : int { unregistered = 0, host = 1, device = 2, managed = 3 };
+
+struct pointer_attributes {
+  memory_type type = memory_type::unregistered;
+  int device = -1;
+};
+
+struct device_properties {
+  std::string name;
+  std::uint64_t total_memory = 0;
+  int async_engine_count = 0;
+  bool concurrent_managed_access = false;
+  int major = 0;
+  int minor = 0;
+};
+
+class api {
+ public:
+  virtual ~api() = default;
+
+  // True for the simulated runtime.
+  virtual bool simulated() const noexcept = 0;
+
+  virtual error get_device_count(int* count) = 0;
+  virtual error set_device(int device) = 0;
+  virtual error get_device(int* device) = 0;
+  virtual error get_device_properties(device_properties* properties, int device) = 0;
+  virtual error device_can_access_peer(int* can, int device, int peer) = 0;
+  // Enables access from the current device to `peer`'s memory.
+  virtual error device_enable_peer_access(int peer) = 0;
+
+  // A non-blocking stream on the current device.
+  virtual error stream_create(stream_t* stream) = 0;
+  virtual error stream_destroy(stream_t stream) = 0;
+  // An event without timing, on the current device.
+  virtual error event_create(event_t* event) = 0;
+  virtual error event_destroy(event_t event) = 0;
+  virtual error event_record(event_t event, stream_t stream) = 0;
+  // success when complete, not_ready when not yet, else the stream's error.
+  virtual error event_query(event_t event) = 0;
+  virtual error stream_wait_event(stream_t stream, event_t event) = 0;
+
+  // Stream-ordered device memory of the current device.
+  virtual error malloc_async(void** pointer, std::size_t bytes, stream_t stream) = 0;
+  virtual error free_async(void* pointer, stream_t stream) = 0;
+  // Page-locked host memory.
+  virtual error malloc_host(void** pointer, std::size_t bytes) = 0;
+  virtual error free_host(void* pointer) = 0;
+
+  // Asynchronous for page-locked or device memory on both sides; with
+  // pageable host memory the caller is held until the copy is staged, as the
+  // driver does.
+  virtual error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
+                             stream_t stream) = 0;
+  virtual error pointer_get_attributes(pointer_attributes* attributes, const void* pointer) = 0;
+
+  // Gathers the strided device tensor at `src` (its first element) into the
+  // compact buffer `dst` on the same device: dlasync's compaction kernel.
+  virtual error launch_gather(void* dst, const void* src, const strided_layout& layout,
+                              stream_t stream) = 0;
+};
+
+// Builds the API for `mode` ("off", "real", "auto", "sim", "sim:N"); nullptr
+// for "off", or for "auto" without a usable device. InvalidArgument for a
+// malformed mode, Unavailable for "real" without CUDA in the build or
+// without a device.
+absl::StatusOr<std::unique_ptr<api>> make_api(const std::string& mode);
+
+// A Status for a failed call: "cudaMallocAsync failed on cuda:1:
+// cudaErrorMemoryAllocation (2)". ResourceExhausted for memory errors,
+// Unavailable for missing drivers or devices, Internal otherwise.
+absl::Status to_status(error e, const char* call, int device);
+
+}  // namespace dlasync::cuda
+
+// Returns the Status for a failed CUDA call from the enclosing function.
+#define DLASYNC_CUDA_RETURN_IF_ERROR(call_name, device, expr)                    \
+  do {                                                                           \
+    if (const ::dlasync::cuda::error dlasync_cuda_error_ = (expr);               \
+        dlasync_cuda_error_ != ::dlasync::cuda::error::success) [[unlikely]] {   \
+      return ::dlasync::cuda::to_status(dlasync_cuda_error_, call_name, device); \
+    }                                                                            \
+  } while (false)

@@ -1,0 +1,147 @@
+// The real CUDA runtime behind the seam: each call forwards to cudart.
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "gather_kernel.hpp"
+#include "real_cuda.hpp"
+
+namespace dlasync::cuda {
+namespace {
+
+error as_error(cudaError_t e) {
+  return static_cast<error>(static_cast<int>(e));
+}
+
+cudaStream_t as_stream(stream_t s) {
+  return static_cast<cudaStream_t>(s);
+}
+cudaEvent_t as_event(event_t e) {
+  return static_cast<cudaEvent_t>(e);
+}
+
+cudaMemcpyKind as_kind(memcpy_kind k) {
+  switch (k) {
+    case memcpy_kind::host_to_host: return cudaMemcpyHostToHost;
+    case memcpy_kind::host_to_device: return cudaMemcpyHostToDevice;
+    case memcpy_kind::device_to_host: return cudaMemcpyDeviceToHost;
+    case memcpy_kind::device_to_device: return cudaMemcpyDeviceToDevice;
+    case memcpy_kind::any: return cudaMemcpyDefault;
+  }
+  return cudaMemcpyDefault;
+}
+
+class real_api final : public api {
+ public:
+  bool simulated() const noexcept override { return false; }
+
+  error get_device_count(int* count) override {
+    *count = 0;
+    return as_error(cudaGetDeviceCount(count));
+  }
+  error set_device(int device) override { return as_error(cudaSetDevice(device)); }
+  error get_device(int* device) override { return as_error(cudaGetDevice(device)); }
+  error get_device_properties(device_properties* p, int device) override {
+    cudaDeviceProp prop{};
+    if (cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess) {
+      return as_error(e);
+    }
+    p->name = prop.name;
+    p->total_memory = prop.totalGlobalMem;
+    p->async_engine_count = prop.asyncEngineCount;
+    p->concurrent_managed_access = prop.concurrentManagedAccess != 0;
+    p->major = prop.major;
+    p->minor = prop.minor;
+    return error::success;
+  }
+  error device_can_access_peer(int* can, int device, int peer) override {
+    return as_error(cudaDeviceCanAccessPeer(can, device, peer));
+  }
+  error device_enable_peer_access(int peer) override {
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+      (void)cudaGetLastError();  // not an error for us; clear it
+      return error::success;
+    }
+    return as_error(e);
+  }
+  error stream_create(stream_t* s) override {
+    cudaStream_t out = nullptr;
+    const cudaError_t e = cudaStreamCreateWithFlags(&out, cudaStreamNonBlocking);
+    *s = out;
+    return as_error(e);
+  }
+  error stream_destroy(stream_t s) override { return as_error(cudaStreamDestroy(as_stream(s))); }
+  error event_create(event_t* ev) override {
+    cudaEvent_t out = nullptr;
+    const cudaError_t e = cudaEventCreateWithFlags(&out, cudaEventDisableTiming);
+    *ev = out;
+    return as_error(e);
+  }
+  error event_destroy(event_t ev) override { return as_error(cudaEventDestroy(as_event(ev))); }
+  error event_record(event_t ev, stream_t s) override {
+    return as_error(cudaEventRecord(as_event(ev), as_stream(s)));
+  }
+  error event_query(event_t ev) override { return as_error(cudaEventQuery(as_event(ev))); }
+  error stream_wait_event(stream_t s, event_t ev) override {
+    return as_error(cudaStreamWaitEvent(as_stream(s), as_event(ev), 0));
+  }
+  error malloc_async(void** p, std::size_t bytes, stream_t s) override {
+    return as_error(cudaMallocAsync(p, bytes, as_stream(s)));
+  }
+  error free_async(void* p, stream_t s) override {
+    return as_error(cudaFreeAsync(p, as_stream(s)));
+  }
+  error malloc_host(void** p, std::size_t bytes) override {
+    return as_error(cudaMallocHost(p, bytes));
+  }
+  error free_host(void* p) override { return as_error(cudaFreeHost(p)); }
+  error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
+                     stream_t s) override {
+    return as_error(cudaMemcpyAsync(dst, src, bytes, as_kind(kind), as_stream(s)));
+  }
+  error pointer_get_attributes(pointer_attributes* a, const void* p) override {
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, p);
+    if (e != cudaSuccess) return as_error(e);
+    switch (attr.type) {
+      case cudaMemoryTypeHost: a->type = memory_type::host; break;
+      case cudaMemoryTypeDevice: a->type = memory_type::device; break;
+      case cudaMemoryTypeManaged: a->type = memory_type::managed; break;
+      default: a->type = memory_type::unregistered; break;
+    }
+    a->device = attr.device;
+    return error::success;
+  }
+  error launch_gather(void* dst, const void* src, const strided_layout& layout,
+                      stream_t s) override {
+    detail::gather_params p;
+    if (layout.shape.size() > static_cast<std::size_t>(detail::max_gather_dims)) {
+      return error::invalid_value;
+    }
+    p.ndim = static_cast<int>(layout.shape.size());
+    p.count = 1;
+    for (int d = 0; d < p.ndim; ++d) {
+      p.shape[d] = layout.shape[d];
+      p.strides[d] = layout.strides[d];
+      p.count *= layout.shape[d];
+    }
+    return as_error(detail::launch_gather_kernel(dst, src, p, static_cast<int>(layout.element_size),
+                                                 as_stream(s)));
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<api>> make_real_api() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("no usable CUDA device in this process (cudaGetDeviceCount: ",
+                     e != cudaSuccess ? cudaGetErrorName(e) : "0 devices",
+                     "); use DLASYNC_CUDA=sim:N for simulated GPUs"));
+  }
+  return std::unique_ptr<api>(std::make_unique<real_api>());
+}
+
+}  // namespace dlasync::cuda

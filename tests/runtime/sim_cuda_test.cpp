@@ -1,0 +1,224 @@
+#include "dlasync/runtime/sim_cuda.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync::cuda {
+namespace {
+
+using namespace std::chrono_literals;
+
+stream_t new_stream(sim_api& sim, int device = 0) {
+  REQUIRE(sim.set_device(device) == error::success);
+  stream_t s = nullptr;
+  REQUIRE(sim.stream_create(&s) == error::success);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("simulated streams run their work in order", "[cuda][sim]") {
+  sim_api sim;
+  stream_t s = new_stream(sim);
+  std::vector<int> order;
+  std::mutex m;
+  for (int i = 0; i < 50; ++i) {
+    REQUIRE(sim.launch_host_func(s, [&, i] {
+      if (i % 7 == 0) std::this_thread::sleep_for(1ms);
+      std::lock_guard lock(m);
+      order.push_back(i);
+    }) == error::success);
+  }
+  event_t e = nullptr;
+  REQUIRE(sim.event_create(&e) == error::success);
+  REQUIRE(sim.event_record(e, s) == error::success);
+  CHECK(testing::eventually([&] { return sim.event_query(e) == error::success; }));
+  std::vector<int> want(50);
+  for (int i = 0; i < 50; ++i) want[i] = i;
+  CHECK(order == want);
+  CHECK(sim.event_destroy(e) == error::success);
+  CHECK(sim.stream_destroy(s) == error::success);
+}
+
+TEST_CASE("an event is not ready until its stream reaches it", "[cuda][sim]") {
+  sim_api sim;
+  stream_t s = new_stream(sim);
+  std::atomic<bool> release{false};
+  sim.launch_host_func(s, [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  event_t e = nullptr;
+  sim.event_create(&e);
+  sim.event_record(e, s);
+  std::this_thread::sleep_for(10ms);
+  CHECK(sim.event_query(e) == error::not_ready);
+  release = true;
+  CHECK(testing::eventually([&] { return sim.event_query(e) == error::success; }));
+  sim.event_destroy(e);
+  sim.stream_destroy(s);
+}
+
+TEST_CASE("a stream waits for another stream's event, across devices", "[cuda][sim]") {
+  sim_api sim;
+  stream_t producer = new_stream(sim, 0);
+  stream_t consumer = new_stream(sim, 1);
+  std::atomic<int> step{0};
+  sim.launch_host_func(producer, [&] {
+    std::this_thread::sleep_for(20ms);
+    step = 1;
+  });
+  event_t e = nullptr;
+  sim.event_create(&e);
+  sim.event_record(e, producer);
+  sim.stream_wait_event(consumer, e);
+  int seen = -1;
+  sim.launch_host_func(consumer, [&] { seen = step.load(); });
+  event_t done = nullptr;
+  sim.event_create(&done);
+  sim.event_record(done, consumer);
+  CHECK(testing::eventually([&] { return sim.event_query(done) == error::success; }));
+  CHECK(seen == 1);
+  sim.event_destroy(e);
+  sim.event_destroy(done);
+  sim.stream_destroy(producer);
+  sim.stream_destroy(consumer);
+}
+
+TEST_CASE("pageable copies hold the caller, pinned copies do not", "[cuda][sim]") {
+  sim_api sim;
+  stream_t s = new_stream(sim);
+  void* device = nullptr;
+  REQUIRE(sim.malloc_async(&device, 64, s) == error::success);
+  std::vector<char> pageable(64, 'p');
+  void* pinned = nullptr;
+  REQUIRE(sim.malloc_host(&pinned, 64) == error::success);
+  std::memset(pinned, 'q', 64);
+
+  std::atomic<bool> gate_passed{false};
+  auto gate = [&] {
+    std::this_thread::sleep_for(20ms);
+    gate_passed = true;
+  };
+  sim.launch_host_func(s, gate);
+  REQUIRE(sim.memcpy_async(device, pageable.data(), 64, memcpy_kind::host_to_device, s) ==
+          error::success);
+  CHECK(gate_passed);  // held until the stream got there
+
+  gate_passed = false;
+  sim.launch_host_func(s, gate);
+  REQUIRE(sim.memcpy_async(device, pinned, 64, memcpy_kind::host_to_device, s) == error::success);
+  CHECK_FALSE(gate_passed);  // returned at once
+  event_t e = nullptr;
+  sim.event_create(&e);
+  sim.event_record(e, s);
+  CHECK(testing::eventually([&] { return sim.event_query(e) == error::success; }));
+  CHECK(static_cast<char*>(device)[63] == 'q');
+  const sim_stats st = sim.stats();
+  CHECK(st.pageable_copies == 1);
+  CHECK(st.async_copies == 1);
+  CHECK(sim.memcpy_async(device, pinned, 64, memcpy_kind::device_to_host, s) ==
+        error::invalid_value);  // the kind contradicts the pointers
+  sim.free_async(device, s);
+  sim.free_host(pinned);
+  sim.event_destroy(e);
+  sim.stream_destroy(s);
+}
+
+TEST_CASE("device memory has a capacity and is freed in stream order", "[cuda][sim]") {
+  sim_options o;
+  o.memory_per_device = 1000;
+  sim_api sim(o);
+  stream_t s = new_stream(sim);
+  void* a = nullptr;
+  void* b = nullptr;
+  REQUIRE(sim.malloc_async(&a, 600, s) == error::success);
+  CHECK(sim.malloc_async(&b, 600, s) == error::memory_allocation);
+  CHECK(sim.device_bytes_in_use(0) == 600);
+  pointer_attributes attr;
+  REQUIRE(sim.pointer_get_attributes(&attr, static_cast<char*>(a) + 10) == error::success);
+  CHECK(attr.type == memory_type::device);
+  CHECK(attr.device == 0);
+  int local = 0;
+  sim.pointer_get_attributes(&attr, &local);
+  CHECK(attr.type == memory_type::unregistered);
+  sim.free_async(a, s);
+  CHECK(testing::eventually([&] { return sim.device_bytes_in_use(0) == 0; }));
+  REQUIRE(sim.malloc_async(&b, 600, s) == error::success);
+  sim.free_async(b, s);
+  sim.stream_destroy(s);
+}
+
+TEST_CASE("injected failures hit the chosen call, sticky errors hit everything", "[cuda][sim]") {
+  sim_api sim;
+  stream_t s = new_stream(sim);
+  sim.fail_call("cudaEventCreateWithFlags", 2, error::launch_failure);
+  event_t e = nullptr;
+  CHECK(sim.event_create(&e) == error::success);
+  CHECK(sim.event_create(&e) == error::launch_failure);
+  CHECK(sim.event_create(&e) == error::success);
+  sim.fail_nth_call(1, error::unknown);
+  int n = 0;
+  CHECK(sim.get_device_count(&n) == error::unknown);
+  CHECK(sim.get_device_count(&n) == error::success);
+  sim.make_sticky(error::illegal_address);
+  CHECK(sim.event_query(e) == error::illegal_address);
+  CHECK(sim.get_device_count(&n) == error::illegal_address);
+  sim.clear_faults();
+  CHECK(sim.get_device_count(&n) == error::success);
+  CHECK(n == 2);
+  sim.stream_destroy(s);
+}
+
+TEST_CASE("the simulated gather kernel compacts device tensors", "[cuda][sim]") {
+  sim_api sim;
+  stream_t s = new_stream(sim);
+  void* src = nullptr;
+  void* dst = nullptr;
+  REQUIRE(sim.malloc_async(&src, 6 * sizeof(int), s) == error::success);
+  REQUIRE(sim.malloc_async(&dst, 6 * sizeof(int), s) == error::success);
+  for (int i = 0; i < 6; ++i) static_cast<int*>(src)[i] = i;
+  REQUIRE(sim.launch_gather(dst, src, {4, {3, 2}, {1, 3}}, s) == error::success);
+  event_t e = nullptr;
+  sim.event_create(&e);
+  sim.event_record(e, s);
+  CHECK(testing::eventually([&] { return sim.event_query(e) == error::success; }));
+  const int want[6] = {0, 3, 1, 4, 2, 5};
+  CHECK(std::memcmp(dst, want, sizeof want) == 0);
+  int host = 0;
+  CHECK(sim.launch_gather(&host, src, {4, {1}, {1}}, s) == error::invalid_value);
+  sim.free_async(src, s);
+  sim.free_async(dst, s);
+  sim.event_destroy(e);
+  sim.stream_destroy(s);
+}
+
+TEST_CASE("CUDA modes select the simulation, nothing, or the real runtime", "[cuda][sim]") {
+  absl::StatusOr<std::unique_ptr<api>> sim = make_api("sim:3");
+  REQUIRE(sim.ok());
+  REQUIRE(*sim != nullptr);
+  CHECK((*sim)->simulated());
+  int n = 0;
+  (*sim)->get_device_count(&n);
+  CHECK(n == 3);
+  absl::StatusOr<std::unique_ptr<api>> off = make_api("off");
+  REQUIRE(off.ok());
+  CHECK(*off == nullptr);
+  testing::require_status(make_api("sim:zero").status(), absl::StatusCode::kInvalidArgument,
+                          {"sim:zero", "sim:2"});
+  testing::require_status(make_api("gpu please").status(), absl::StatusCode::kInvalidArgument,
+                          {"off, auto, real, sim"});
+  absl::StatusOr<std::unique_ptr<api>> real = make_api("real");
+  if (!real.ok()) {
+    testing::require_status(real.status(), absl::StatusCode::kUnavailable, {"sim:N"});
+  }
+  CHECK(to_status(error::memory_allocation, "cudaMallocAsync", 1).ToString() ==
+        "RESOURCE_EXHAUSTED: cudaMallocAsync failed on cuda:1: cudaErrorMemoryAllocation (2)");
+}
+
+}  // namespace dlasync::cuda
