@@ -79,7 +79,7 @@ host_stream& host_backend::stream(stream_ref s) {
 }
 
 absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t bytes,
-                                                     std::size_t alignment) {
+                                                     std::size_t alignment, stream_ref) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   alignment = std::max<std::size_t>(alignment, 64);  // a cache line at least
   std::uint64_t capacity = 0;
@@ -94,10 +94,11 @@ absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t byt
                        });
 }
 
-void host_backend::enqueue_copy(stream_ref s, copy_job job) {
+marker_ptr host_backend::enqueue_copy(stream_ref s, copy_job job) {
   stream(s).enqueue([this, job = std::move(job)](host_stream::done_fn done) mutable {
     run_copy(job, std::move(done));
   });
+  return record(s);
 }
 
 void host_backend::run_copy(copy_job& job, absl::AnyInvocable<void() &&> done) {
@@ -163,10 +164,18 @@ marker_ptr host_backend::record(stream_ref s) {
   return marker;
 }
 
-void host_backend::wait(stream_ref s, marker_ptr m) {
+absl::Status host_backend::wait(stream_ref s, marker_ptr m) {
   stream(s).enqueue([m = std::move(m)](host_stream::done_fn done) mutable {
     m->on_complete([done = std::move(done)](absl::Status) mutable { std::move(done)(); });
   });
+  return absl::OkStatus();
+}
+
+marker_ptr host_backend::record_producer(device, std::int64_t) {
+  // Host memory has no streams: nothing to follow.
+  auto marker = std::make_shared<completion_marker>();
+  marker->complete(absl::OkStatus());
+  return marker;
 }
 
 std::optional<device> host_backend::device_of(const void*) const {

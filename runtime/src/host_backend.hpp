@@ -36,12 +36,13 @@ class host_backend final : public backend {
   const char* name() const noexcept override { return "host"; }
   std::vector<served_devices> served() const override;
   int stream_count(device d) const noexcept override;
-  absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes,
-                                         std::size_t alignment) override;
-  void enqueue_copy(stream_ref s, copy_job job) override;
+  absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
+                                         stream_ref s) override;
+  marker_ptr enqueue_copy(stream_ref s, copy_job job) override;
   marker_ptr record(stream_ref s) override;
-  void wait(stream_ref s, marker_ptr m) override;
+  absl::Status wait(stream_ref s, marker_ptr m) override;
   std::optional<device> device_of(const void* pointer) const override;
+  marker_ptr record_producer(device d, std::int64_t producer_stream) override;
 
  private:
   host_stream& stream(stream_ref s);

@@ -1,8 +1,10 @@
 #include "dlasync/runtime/runtime.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "cuda/cuda_backend.hpp"
 #include "host_backend.hpp"
 
 namespace dlasync {
@@ -48,17 +50,21 @@ absl::StatusOr<std::unique_ptr<runtime>> runtime::create(runtime_options options
   if (options.host_devices > 0) topology.host_device_count = options.host_devices;
   options.host_devices = topology.host_device_count;
   options.worker_threads = resolve_workers(options.worker_threads);
-  absl::StatusOr<device_registry> registry =
-      device_registry::create(topology, host_backend_devices(topology.host_device_count));
-  if (!registry.ok()) return registry.status();
-  return std::unique_ptr<runtime>(new runtime(std::move(options), *std::move(registry)));
+  if (options.cuda.empty()) {
+    const char* env = std::getenv("DLASYNC_CUDA");
+    options.cuda = env != nullptr ? env : "auto";
+  }
+  std::unique_ptr<runtime> rt(new runtime(std::move(options)));
+  if (absl::Status s = rt->start(topology); !s.ok()) return s;
+  return rt;
 }
 
-runtime::runtime(runtime_options options, device_registry registry)
+runtime::runtime(runtime_options options)
     : options_(std::move(options)),
-      registry_(std::move(registry)),
       budget_(std::make_shared<memory_budget>(options_.copy_memory_budget)),
-      workers_(static_cast<std::size_t>(options_.worker_threads)) {
+      workers_(static_cast<std::size_t>(options_.worker_threads)) {}
+
+absl::Status runtime::start(const process_topology& topology) {
   detail::host_backend_options host;
   host.host_devices = options_.host_devices;
   host.streams_per_device = options_.streams_per_device;
@@ -67,26 +73,71 @@ runtime::runtime(runtime_options options, device_registry registry)
   host.cache_max_bytes = options_.host_cache_bytes;
   host.copy_unit_observer = options_.copy_unit_observer;
   host_ = std::make_unique<detail::host_backend>(std::move(host), workers_);
+  std::vector<served_devices> served = host_->served();
+
+  cuda_api_ = options_.cuda_api;
+  if (!cuda_api_) {
+    absl::StatusOr<std::unique_ptr<cuda::api>> api = cuda::make_api(options_.cuda);
+    if (!api.ok()) return api.status();
+    cuda_api_ = *std::move(api);
+  }
+  if (cuda_api_) {
+    detail::cuda_backend_options o;
+    o.streams_per_device = options_.streams_per_device;
+    o.staging_streams = options_.staging_streams;
+    o.staging_chunk_bytes = options_.staging_chunk_bytes;
+    o.staging_chunks = options_.staging_chunks;
+    absl::StatusOr<std::unique_ptr<detail::cuda_backend>> cuda =
+        detail::cuda_backend::create(cuda_api_, o, workers_);
+    if (!cuda.ok()) return cuda.status();
+    cuda_devices_ = (*cuda)->device_count();
+    std::vector<served_devices> more = (*cuda)->served();
+    served.insert(served.end(), more.begin(), more.end());
+    cuda_ = *std::move(cuda);
+  }
+  absl::StatusOr<device_registry> registry = device_registry::create(topology, served);
+  if (!registry.ok()) return registry.status();
+  registry_.emplace(*std::move(registry));
   next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(
-      static_cast<std::size_t>(options_.host_devices) + 1);
+      static_cast<std::size_t>(options_.host_devices + 1 + cuda_devices_));
   work_.emplace(io_.get_executor());
   for (int i = 0; i < options_.executor_threads; ++i) {
     executor_threads_.emplace_back([this] { io_.run(); });
   }
+  return absl::OkStatus();
 }
 
 runtime::~runtime() {
   shutdown();
 }
 
-backend& runtime::backend_for(device) noexcept {
-  return *host_;
+backend& runtime::backend_for(device d) noexcept {
+  return d.kind == device_kind::cuda && cuda_ ? *cuda_ : *host_;
+}
+
+backend& runtime::copy_backend(device source, device target) noexcept {
+  return backend_for(copy_device(source, target));
+}
+
+device runtime::copy_device(device source, device target) noexcept {
+  return target.kind != device_kind::cuda && source.kind == device_kind::cuda ? source : target;
+}
+
+absl::Status runtime::check_location(const void* pointer, device claimed) const {
+  if (claimed.kind != device_kind::cuda || !cuda_) return absl::OkStatus();
+  const std::optional<device> actual = cuda_->device_of(pointer);
+  if (actual == claimed) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the tensor says it lives on ", claimed.name(), " but its data pointer ",
+      absl::Hex(reinterpret_cast<std::uintptr_t>(pointer)), " is ",
+      actual ? absl::StrCat("memory of ", actual->name()) : std::string("not CUDA device memory"),
+      "; the producer exported a wrong device: fix its DLDevice"));
 }
 
 stream_ref runtime::next_stream(device d) noexcept {
-  const std::size_t slot = d.kind == device_kind::cpu
-                               ? static_cast<std::size_t>(d.ordinal)
-                               : static_cast<std::size_t>(options_.host_devices);
+  std::size_t slot = static_cast<std::size_t>(options_.host_devices);  // pinned host memory
+  if (d.kind == device_kind::cpu) slot = static_cast<std::size_t>(d.ordinal);
+  if (d.kind == device_kind::cuda) slot += 1 + static_cast<std::size_t>(d.ordinal);
   const std::uint32_t n = next_stream_[slot].fetch_add(1, std::memory_order_relaxed);
   return {d, static_cast<int>(n % static_cast<std::uint32_t>(options_.streams_per_device))};
 }
@@ -129,6 +180,7 @@ void runtime::shutdown() {
   io_.stop();
   for (std::thread& t : executor_threads_) t.join();
   workers_.join();
+  cuda_.reset();
 }
 
 }  // namespace dlasync

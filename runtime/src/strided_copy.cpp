@@ -122,7 +122,8 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
 
 }  // namespace
 
-strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.element_size) {
+strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_bytes)
+    : element_size_(layout.element_size) {
   const std::int64_t es = static_cast<std::int64_t>(element_size_);
   std::uint64_t count = 1;
   for (std::int64_t e : layout.shape) count *= static_cast<std::uint64_t>(e);
@@ -176,7 +177,8 @@ strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.
     block_ = std::max<std::int64_t>(tile, tile_run_bytes / es);
   } else {
     split_dim_ = last;
-    const std::int64_t unit = kernel_ == kernel::runs ? run_unit_bytes : gather_unit_bytes;
+    std::int64_t unit = kernel_ == kernel::runs ? run_unit_bytes : gather_unit_bytes;
+    if (max_unit_bytes != 0) unit = std::min(unit, static_cast<std::int64_t>(max_unit_bytes));
     block_ = std::max<std::int64_t>(1, unit / es);
   }
   block_ = std::min(block_, shape_[split_dim_]);
@@ -187,7 +189,16 @@ strided_copy::strided_copy(const strided_layout& layout) : element_size_(layout.
     outer_count_ *= shape_[i];
   }
   if (kernel_ == kernel::tile) {
-    for (int i = split_dim_ + 1; i < last; ++i) middle_dims_.push_back(i);
+    std::int64_t row_bytes = shape_[last] * es;
+    for (int i = split_dim_ + 1; i < last; ++i) {
+      middle_dims_.push_back(i);
+      row_bytes *= shape_[i];
+    }
+    if (max_unit_bytes != 0) {
+      const auto rows = static_cast<std::int64_t>(max_unit_bytes) / row_bytes;
+      block_ = std::max<std::int64_t>(1, std::min(block_, rows));
+      blocks_ = (shape_[split_dim_] + block_ - 1) / block_;
+    }
   }
 }
 

@@ -55,8 +55,7 @@ TEST_CASE("the host backend runs a stream's work in order", "[runtime][backend]"
   job.source = src.data();
   job.destination = dst.data();
   job.layout = {4, {static_cast<std::int64_t>(src.size())}, {1}};
-  host.enqueue_copy(s, std::move(job));
-  marker_ptr m = host.record(s);
+  marker_ptr m = host.enqueue_copy(s, std::move(job));
   std::atomic<bool> seen{false};
   m->on_complete([&](absl::Status status) {
     CHECK(status.ok());
@@ -71,7 +70,7 @@ TEST_CASE("a stream waits for another stream's marker", "[runtime][backend]") {
   backend& host = rt->backend_for(host_device);
   auto gate = std::make_shared<completion_marker>();
   const stream_ref s{host_device, 1};
-  host.wait(s, gate);
+  CHECK(host.wait(s, gate).ok());
   marker_ptr after = host.record(s);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK_FALSE(after->done());
@@ -84,14 +83,15 @@ TEST_CASE("freed large host buffers are reused within their size class", "[runti
   backend& host = rt->backend_for(host_device);
   void* first = nullptr;
   {
-    absl::StatusOr<device_buffer> b = host.allocate(host_device, 3 << 20, 64);
+    absl::StatusOr<device_buffer> b = host.allocate(host_device, 3 << 20, 64, {host_device, 0});
     REQUIRE(b.ok());
     first = b->data();
   }
-  absl::StatusOr<device_buffer> again = host.allocate(host_device, (3 << 20) - 100, 64);
+  absl::StatusOr<device_buffer> again =
+      host.allocate(host_device, (3 << 20) - 100, 64, {host_device, 0});
   REQUIRE(again.ok());
   CHECK(again->data() == first);  // same size class: the cached block
-  absl::StatusOr<device_buffer> other = host.allocate(host_device, 3 << 20, 64);
+  absl::StatusOr<device_buffer> other = host.allocate(host_device, 3 << 20, 64, {host_device, 0});
   REQUIRE(other.ok());
   CHECK(other->data() != first);
 
@@ -101,7 +101,7 @@ TEST_CASE("freed large host buffers are reused within their size class", "[runti
   o.host_cache_bytes = 0;
   std::unique_ptr<runtime> uncached = *runtime::create(o);
   backend& plain = uncached->backend_for(host_device);
-  absl::StatusOr<device_buffer> kept = plain.allocate(host_device, 1 << 20, 64);
+  absl::StatusOr<device_buffer> kept = plain.allocate(host_device, 1 << 20, 64, {host_device, 0});
   REQUIRE(kept.ok());
   CHECK(reinterpret_cast<std::uintptr_t>(kept->data()) % 64 == 0);
 }
@@ -109,11 +109,11 @@ TEST_CASE("freed large host buffers are reused within their size class", "[runti
 TEST_CASE("host allocations are aligned and refuse the impossible", "[runtime][backend]") {
   std::unique_ptr<runtime> rt = testing::make_runtime();
   backend& host = rt->backend_for(host_device);
-  absl::StatusOr<device_buffer> b = host.allocate(host_device, 1000, 256);
+  absl::StatusOr<device_buffer> b = host.allocate(host_device, 1000, 256, {host_device, 0});
   REQUIRE(b.ok());
   CHECK(reinterpret_cast<std::uintptr_t>(b->data()) % 256 == 0);
   CHECK(b->bytes() == 1000);
-  require_status(host.allocate(host_device, ~std::uint64_t{0} - 8, 64).status(),
+  require_status(host.allocate(host_device, ~std::uint64_t{0} - 8, 64, {host_device, 0}).status(),
                  absl::StatusCode::kResourceExhausted, {"cannot allocate", "cpu:0"});
 }
 

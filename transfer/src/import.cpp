@@ -41,9 +41,17 @@ import_start begin_import(runtime& rt, managed_tensor& source, const import_opti
     return start;
   }
   absl::StatusOr<import_plan> plan = plan_import(source, options, rt.registry());
+  if (plan.ok() && plan->element_count > 0) {
+    // Where the data really is, when a backend can tell (GPU pointers).
+    if (absl::Status where =
+            rt.check_location(reinterpret_cast<const void*>(plan->address), plan->source);
+        !where.ok()) {
+      plan = where;
+    }
+  }
   if (!plan.ok()) {
     start.ready = plan.status();
-  } else if (!plan->needs_copy()) {
+  } else if (!plan->needs_copy() && !plan->needs_wait()) {
     start.ready = tensor::make_view(std::move(source), *plan);
   } else {
     start.plan = *plan;
@@ -76,6 +84,22 @@ void copy_import::start() {
     if (std::shared_ptr<copy_import> self = weak.lock()) self->cancel();
   });
   if (op_id_ == 0) return finish(shutting_down());
+  if (!plan_.needs_copy()) {
+    // A view of GPU memory still being written: hand it out when the
+    // producer's stream has reached this point.
+    rt_.backend_for(plan_.source)
+        .record_producer(plan_.source, plan_.producer_stream)
+        ->on_complete([self = shared_from_this()](absl::Status s) {
+          if (!s.ok()) return self->finish(std::move(s));
+          if (self->control_->cancel_requested.load(std::memory_order_acquire)) {
+            return self->finish(absl::CancelledError(
+                "the import was cancelled while it waited for the producer's stream; the "
+                "source tensor was released"));
+          }
+          self->finish(tensor::make_view(std::move(self->source_), self->plan_));
+        });
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     waiting_for_budget_ = true;
@@ -119,7 +143,10 @@ void copy_import::on_budget(absl::Status status) {
         "the import was cancelled before its copy started; the source tensor was released"));
   }
   backend& target = rt_.backend_for(plan_.target);
-  absl::StatusOr<device_buffer> allocated = target.allocate(plan_.target, bytes, plan_.alignment);
+  backend& copier = rt_.copy_backend(plan_.source, plan_.target);
+  const stream_ref stream = rt_.next_stream(runtime::copy_device(plan_.source, plan_.target));
+  absl::StatusOr<device_buffer> allocated =
+      target.allocate(plan_.target, bytes, plan_.alignment, stream);
   if (!allocated.ok()) {
     budget->release(bytes);
     return finish(allocated.status());
@@ -134,14 +161,14 @@ void copy_import::on_budget(absl::Status status) {
 
   copy_job job;
   job.source_device = plan_.source;
+  job.target_device = plan_.target;
   job.source = reinterpret_cast<const void*>(plan_.address);
   job.destination = data;
   job.layout = source_layout(*source_.dl_tensor(), plan_);
+  job.producer_stream = plan_.producer_stream;
   job.control = control_;
-  const stream_ref stream = rt_.next_stream(plan_.target);
-  target.enqueue_copy(stream, std::move(job));
-  target.record(stream)->on_complete(
-      [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+  copier.enqueue_copy(stream, std::move(job))
+      ->on_complete([self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
 }
 
 void copy_import::on_copied(absl::Status status) {

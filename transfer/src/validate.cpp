@@ -250,6 +250,7 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
   plan.target = options.target.value_or(plan.source);
   if (options.target) DLASYNC_RETURN_IF_ERROR(registry.check_device(plan.target, "target"));
   DLASYNC_RETURN_IF_ERROR(check_stream(options, plan.source, registry));
+  if (plan.source.kind != device_kind::cpu) plan.producer_stream = options.stream.value_or(-1);
 
   DLASYNC_RETURN_IF_ERROR(check_strides(dl, plan.type, plan.byte_size, plan));
   DLASYNC_RETURN_IF_ERROR(check_address(dl, plan));

@@ -47,12 +47,19 @@ struct copy_control {
   std::atomic<bool> aborted{false};
 };
 
+// DLPack's stream value for "no producer stream: the caller orders".
+inline constexpr std::int64_t no_producer_stream = -1;
+
 // A copy of a strided source into a compact row-major destination.
 struct copy_job {
   device source_device;
+  device target_device;
   const void* source = nullptr;  // the first element
   void* destination = nullptr;
   strided_layout layout;
+  // The producer's stream (DLPack encoding) that the copy's reads must
+  // follow, or no_producer_stream.
+  std::int64_t producer_stream = no_producer_stream;
   std::shared_ptr<copy_control> control;
 };
 
@@ -68,23 +75,32 @@ class backend {
   // The streams each device of `kind` has; at least 1.
   virtual int stream_count(device d) const noexcept = 0;
 
-  // Allocates `bytes` on `d`, aligned to `alignment` bytes (a power of two).
+  // Allocates `bytes` on `d`, aligned to `alignment` bytes (a power of two),
+  // in the order of stream `s` where the device orders allocations.
   // ResourceExhausted when the device is out of memory.
   virtual absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes,
-                                                 std::size_t alignment) = 0;
+                                                 std::size_t alignment, stream_ref s) = 0;
 
-  // Enqueues `job` on `s`. Its reads of the source are complete when a
-  // marker recorded after it completes.
-  virtual void enqueue_copy(stream_ref s, copy_job job) = 0;
+  // Enqueues `job` on `s` and returns a marker that completes, with the
+  // copy's status, when the copy has finished reading the source and
+  // writing the destination (host-side stages of a pipeline included).
+  virtual marker_ptr enqueue_copy(stream_ref s, copy_job job) = 0;
 
   // Enqueues a marker on `s` and returns it.
   virtual marker_ptr record(stream_ref s) = 0;
 
   // Holds the work enqueued on `s` after this call until `m` completes.
-  virtual void wait(stream_ref s, marker_ptr m) = 0;
+  // Unimplemented when `s` cannot wait for `m` without blocking (a device
+  // stream and a pending marker of another backend).
+  virtual absl::Status wait(stream_ref s, marker_ptr m) = 0;
 
   // The device that owns `pointer`, when the backend can tell.
   virtual std::optional<device> device_of(const void* pointer) const = 0;
+
+  // A marker that completes when the producer's stream `producer_stream`
+  // (DLPack encoding) on device `d` reaches the point of this call.
+  // Backends without streams return a completed marker.
+  virtual marker_ptr record_producer(device d, std::int64_t producer_stream) = 0;
 };
 
 }  // namespace dlasync

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -43,6 +44,7 @@
 #include "asio/io_context.hpp"
 #include "asio/thread_pool.hpp"
 #include "dlasync/runtime/backend.hpp"
+#include "dlasync/runtime/cuda_api.hpp"
 #include "dlasync/runtime/device_registry.hpp"
 #include "dlasync/runtime/memory_budget.hpp"
 #include "dlasync/runtime/topology.hpp"
@@ -70,6 +72,17 @@ struct runtime_options {
   std::uint64_t host_cache_bytes = std::uint64_t{1} << 30;
   // Instrumentation: called by copy workers after each piece of a copy.
   std::function<void()> copy_unit_observer;
+
+  // CUDA: "off", "auto" (real GPUs when present), "real", or "sim:N" for N
+  // simulated GPUs. Empty means the DLASYNC_CUDA environment variable, else
+  // "auto". `cuda_api`, when set, is used instead (a configured simulation).
+  std::string cuda;
+  std::shared_ptr<cuda::api> cuda_api;
+  // Pinned staging for transfers between pageable host memory and GPUs:
+  // chunk size, chunk count (shared by all imports), streams per device.
+  std::uint64_t staging_chunk_bytes = 4 << 20;
+  int staging_chunks = 8;
+  int staging_streams = 2;
 };
 
 class runtime {
@@ -84,7 +97,7 @@ class runtime {
   ~runtime();
 
   executor_type get_executor() noexcept { return io_.get_executor(); }
-  const device_registry& registry() const noexcept { return registry_; }
+  const device_registry& registry() const noexcept { return *registry_; }
   const runtime_options& options() const noexcept { return options_; }
   memory_budget& copy_budget() noexcept { return *budget_; }
   const std::shared_ptr<memory_budget>& copy_budget_ptr() const noexcept { return budget_; }
@@ -92,8 +105,23 @@ class runtime {
   // The backend serving `d`'s kind; the device must be in the registry.
   backend& backend_for(device d) noexcept;
 
+  // The backend that copies from `source` to `target`: the CUDA backend when
+  // either is a GPU, else the host backend.
+  backend& copy_backend(device source, device target) noexcept;
+
+  // The device whose streams carry a copy from `source` to `target`.
+  static device copy_device(device source, device target) noexcept;
+
   // The next stream of `d`, round robin.
   stream_ref next_stream(device d) noexcept;
+
+  // The CUDA runtime behind the CUDA backend (real or simulated), or
+  // nullptr when this runtime has no CUDA backend.
+  cuda::api* cuda() noexcept { return cuda_api_.get(); }
+
+  // OK when `pointer` lies in memory of `claimed` as far as the backends can
+  // tell: FailedPrecondition naming both devices when it lies elsewhere.
+  absl::Status check_location(const void* pointer, device claimed) const;
 
   // False once shutdown has begun.
   bool accepting() const noexcept { return accepting_.load(std::memory_order_acquire); }
@@ -110,16 +138,20 @@ class runtime {
   void end_operation(std::uint64_t id);
 
  private:
-  runtime(runtime_options options, device_registry registry);
+  explicit runtime(runtime_options options);
+  absl::Status start(const process_topology& topology);
 
   runtime_options options_;
-  device_registry registry_;
+  std::optional<device_registry> registry_;
   std::shared_ptr<memory_budget> budget_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<executor_type>> work_;
   std::vector<std::thread> executor_threads_;
   asio::thread_pool workers_;
   std::unique_ptr<backend> host_;
+  std::shared_ptr<cuda::api> cuda_api_;
+  std::unique_ptr<backend> cuda_;
+  int cuda_devices_ = 0;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_stream_;
 
   std::atomic<bool> accepting_{true};

@@ -44,7 +44,9 @@ class strided_copy {
 
   // `layout` must describe a valid tensor (validation does that): extents
   // >= 0, shape and strides of the same length.
-  explicit strided_copy(const strided_layout& layout);
+  // `max_unit_bytes`, when not 0, caps what one unit writes where the
+  // kernel allows (tiles shrink to single rows of the tile dimension).
+  explicit strided_copy(const strided_layout& layout, std::uint64_t max_unit_bytes = 0);
 
   // Bytes written to the destination.
   std::uint64_t bytes() const noexcept { return bytes_; }

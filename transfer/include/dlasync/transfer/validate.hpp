@@ -68,9 +68,13 @@ struct import_plan {
   std::uint64_t flags = 0;     // the known versioned flags
   std::size_t alignment = 1;   // what the target requires of the first element
   std::uintptr_t address = 0;  // the first element's address (data + byte_offset)
+  // The producer's stream the import must follow (DLPack encoding), or -1.
+  std::int64_t producer_stream = -1;
   std::uint8_t copy_reasons = 0;
 
   bool needs_copy() const noexcept { return copy_reasons != 0; }
+  // A view that must wait for the producer's stream before it is handed out.
+  bool needs_wait() const noexcept { return producer_stream != -1; }
   bool has(copy_reason r) const noexcept {
     return (copy_reasons & static_cast<std::uint8_t>(r)) != 0;
   }

@@ -1,0 +1,252 @@
+// Test support: import scenarios for GPUs, written against the CUDA seam so
+// that the same code runs on simulated GPUs and on a real one.
+#pragma once
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "dlasync/dlasync.hpp"
+#include "dlasync/runtime/cuda_api.hpp"
+#include "support/layouts.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync::testing {
+
+inline cuda::stream_t legacy_stream() {
+  return reinterpret_cast<cuda::stream_t>(1);
+}
+
+// Waits on the host for everything on `stream` of `device` (tests only).
+inline void finish_stream(cuda::api& api, int device, cuda::stream_t stream) {
+  REQUIRE(api.set_device(device) == cuda::error::success);
+  cuda::event_t e = nullptr;
+  REQUIRE(api.event_create(&e) == cuda::error::success);
+  REQUIRE(api.event_record(e, stream) == cuda::error::success);
+  REQUIRE(eventually([&] { return api.event_query(e) != cuda::error::not_ready; }));
+  REQUIRE(api.event_query(e) == cuda::error::success);
+  api.event_destroy(e);
+}
+
+// Device memory filled from `host`, freed on destruction.
+struct device_memory {
+  cuda::api& api;
+  int device;
+  void* data = nullptr;
+  std::size_t bytes;
+  device_memory(cuda::api& a, int d, const void* host, std::size_t n)
+      : api(a), device(d), bytes(n) {
+    REQUIRE(api.set_device(device) == cuda::error::success);
+    REQUIRE(api.malloc_async(&data, n, legacy_stream()) == cuda::error::success);
+    REQUIRE(api.memcpy_async(data, host, n, cuda::memcpy_kind::host_to_device, legacy_stream()) ==
+            cuda::error::success);
+    finish_stream(api, device, legacy_stream());
+  }
+  ~device_memory() {
+    api.set_device(device);
+    api.free_async(data, legacy_stream());
+    finish_stream(api, device, legacy_stream());
+  }
+};
+
+// The bytes of a compact tensor on a GPU, read back to the host.
+inline std::vector<std::uint8_t> read_back(cuda::api& api, const tensor& t) {
+  std::vector<std::uint8_t> out(t.byte_size());
+  if (out.empty()) return out;
+  api.set_device(t.device().ordinal);
+  REQUIRE(api.memcpy_async(out.data(), t.data(), out.size(), cuda::memcpy_kind::device_to_host,
+                           legacy_stream()) == cuda::error::success);
+  finish_stream(api, t.device().ordinal, legacy_stream());
+  return out;
+}
+
+// The bytes `c` reads from `first`, in row-major order.
+inline std::vector<std::uint8_t> expected_bytes(const void* first, const layout_case& c,
+                                                dtype type) {
+  if (type.is_sub_byte()) {
+    std::int64_t n = 1;
+    for (std::int64_t e : c.shape) n *= e;
+    const auto bytes = static_cast<std::size_t>((n * type.bits + 7) / 8);
+    const auto* p = static_cast<const std::uint8_t*>(first);
+    return {p, p + bytes};
+  }
+  const std::size_t es = type.bits / 8u;
+  strided_layout l{es, {c.shape.begin(), c.shape.end()}, {}};
+  std::int64_t s = 1;
+  l.strides.resize(c.shape.size());
+  for (std::size_t i = c.shape.size(); i-- > 0;) {
+    l.strides[i] = c.strides ? (*c.strides)[i] : s;
+    s *= c.shape[i];
+  }
+  strided_copy copy(l);
+  std::vector<std::uint8_t> out(copy.bytes());
+  copy.run(first, out.data(), 0, copy.units());
+  return out;
+}
+
+inline absl::StatusOr<tensor> import_now(runtime& rt, managed_tensor& source,
+                                         const import_options& o) {
+  return async_import_dlpack(rt, source, o, asio::use_future).get();
+}
+
+// Host layouts of several dtypes onto GPU `target` through the pipeline.
+// `pageable_copies`, when given, counts the runtime's pageable copies: the
+// imports must make none (pageable sources go through pinned staging).
+inline void scenario_host_to_gpu(runtime& rt, int target,
+                                 const std::function<std::uint64_t()>& pageable_copies = {}) {
+  for (const dtype type :
+       {dtypes::float32, dtypes::int8, dtypes::float64, dtypes::bfloat16, dtypes::float4_e2m1fn}) {
+    for (const layout_case& c : layout_cases()) {
+      if (type.is_sub_byte() && !c.sub_byte_ok) continue;
+      INFO(type.name() << ", " << c.name);
+      const std::size_t es = type.padded_size();
+      std::vector<std::uint8_t> bytes(128 * es);
+      fill_pattern(bytes);
+      tensor_spec s;
+      s.type = type;
+      s.shape = c.shape;
+      s.strides = c.strides;
+      s.data = bytes.data();
+      s.byte_offset = static_cast<std::uint64_t>(c.offset) * (type.is_sub_byte() ? 1 : es);
+      deleter_count count;
+      managed_tensor source = make_tensor(s, count);
+      import_options o;
+      o.target = device{device_kind::cuda, target};
+      const std::uint64_t pageable_before = pageable_copies ? pageable_copies() : 0;
+      absl::StatusOr<tensor> t = import_now(rt, source, o);
+      REQUIRE(t.ok());
+      if (pageable_copies) CHECK(pageable_copies() == pageable_before);
+      CHECK(t->device() == *o.target);
+      CHECK(t->is_copy());
+      CHECK(count.calls == 1);
+      CHECK(read_back(*rt.cuda(), *t) == expected_bytes(bytes.data() + s.byte_offset, c, type));
+    }
+  }
+}
+
+// GPU memory, compact and transposed, back to the host.
+inline void scenario_gpu_to_host(runtime& rt, int source_device) {
+  std::vector<float> host(64 * 48);
+  std::iota(host.begin(), host.end(), 0.0f);
+  device_memory mem(*rt.cuda(), source_device, host.data(), host.size() * sizeof(float));
+  for (const bool transposed : {false, true}) {
+    INFO((transposed ? "transposed" : "compact"));
+    tensor_spec s;
+    s.device = {device_kind::cuda, source_device};
+    s.shape = transposed ? std::vector<std::int64_t>{48, 64} : std::vector<std::int64_t>{64, 48};
+    if (transposed) s.strides = std::vector<std::int64_t>{1, 48};
+    s.data = mem.data;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.target = host_device;
+    absl::StatusOr<tensor> t = import_now(rt, source, o);
+    REQUIRE(t.ok());
+    CHECK(t->device() == host_device);
+    CHECK(count.calls == 1);
+    const auto* out = static_cast<const float*>(t->data());
+    bool same = true;
+    for (int i = 0; i < static_cast<int>(s.shape[0]); ++i) {
+      for (int j = 0; j < static_cast<int>(s.shape[1]); ++j) {
+        const float want = transposed ? host[j * 48 + i] : host[i * 48 + j];
+        same = same && out[i * s.shape[1] + j] == want;
+      }
+    }
+    CHECK(same);
+  }
+}
+
+// On one GPU: a view, a copy, a compaction; then across to the other GPU.
+inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
+  std::vector<std::int32_t> host(32 * 16);
+  std::iota(host.begin(), host.end(), 0);
+  device_memory mem(*rt.cuda(), first, host.data(), host.size() * 4);
+  auto make = [&](bool transposed, deleter_count& count) {
+    tensor_spec s;
+    s.device = {device_kind::cuda, first};
+    s.type = dtypes::int32;
+    s.shape = transposed ? std::vector<std::int64_t>{16, 32} : std::vector<std::int64_t>{32, 16};
+    if (transposed) s.strides = std::vector<std::int64_t>{1, 16};
+    s.data = mem.data;
+    return make_tensor(s, count);
+  };
+  std::vector<std::int32_t> transposed(host.size());
+  for (int i = 0; i < 16; ++i) {
+    for (int j = 0; j < 32; ++j) transposed[i * 32 + j] = host[j * 16 + i];
+  }
+  auto as_bytes = [](const std::vector<std::int32_t>& v) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
+    return std::vector<std::uint8_t>(p, p + v.size() * 4);
+  };
+  {
+    deleter_count count;
+    managed_tensor source = make(false, count);
+    absl::StatusOr<tensor> view = import_now(rt, source, {});
+    REQUIRE(view.ok());
+    CHECK(view->is_view());
+    CHECK(view->data() == mem.data);
+  }
+  for (const int target : {first, second}) {
+    for (const bool strided : {false, true}) {
+      INFO("to cuda:" << target << (strided ? ", transposed" : ""));
+      deleter_count count;
+      managed_tensor source = make(strided, count);
+      import_options o;
+      o.target = device{device_kind::cuda, target};
+      o.copy = true;
+      o.require_contiguous = true;
+      absl::StatusOr<tensor> t = import_now(rt, source, o);
+      REQUIRE(t.ok());
+      CHECK(t->device() == *o.target);
+      CHECK(count.calls == 1);
+      CHECK(read_back(*rt.cuda(), *t) == as_bytes(strided ? transposed : host));
+    }
+  }
+}
+
+// The producer writes on its stream after a delay; the import must see the
+// final data, for a copy to the host and for a view.
+inline void scenario_producer_stream(
+    runtime& rt, int device_ordinal,
+    const std::function<void(cuda::stream_t, void*, const std::vector<float>&)>& delayed_write) {
+  cuda::api& api = *rt.cuda();
+  std::vector<float> stale(1024, -1.0f);
+  std::vector<float> fresh(1024);
+  std::iota(fresh.begin(), fresh.end(), 0.0f);
+  device_memory mem(api, device_ordinal, stale.data(), stale.size() * 4);
+  REQUIRE(api.set_device(device_ordinal) == cuda::error::success);
+  cuda::stream_t producer = nullptr;
+  REQUIRE(api.stream_create(&producer) == cuda::error::success);
+  for (const bool to_host : {true, false}) {
+    INFO((to_host ? "copy to the host" : "view"));
+    delayed_write(producer, mem.data, to_host ? fresh : stale);
+    tensor_spec s;
+    s.device = {device_kind::cuda, device_ordinal};
+    s.shape = {1024};
+    s.data = mem.data;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.stream = reinterpret_cast<std::int64_t>(producer);
+    if (to_host) o.target = host_device;
+    absl::StatusOr<tensor> t = import_now(rt, source, o);
+    REQUIRE(t.ok());
+    if (to_host) {
+      CHECK(static_cast<const float*>(t->data())[1023] == 1023.0f);
+    } else {
+      CHECK(t->is_view());
+      const std::vector<std::uint8_t> now = read_back(api, *t);
+      CHECK(std::memcmp(now.data(), stale.data(), now.size()) == 0);
+    }
+  }
+  finish_stream(api, device_ordinal, producer);
+  api.stream_destroy(producer);
+}
+
+}  // namespace dlasync::testing

@@ -1,0 +1,248 @@
+// Imports to, from and between GPUs on two simulated GPUs.
+#include <chrono>
+#include <thread>
+
+#include "asio/bind_cancellation_slot.hpp"
+#include "asio/bind_executor.hpp"
+#include "asio/cancellation_signal.hpp"
+#include "asio/io_context.hpp"
+#include "catch2/catch.hpp"
+#include "dlasync/runtime/sim_cuda.hpp"
+#include "support/cuda_scenarios.hpp"
+
+namespace dlasync {
+namespace {
+
+using testing::deleter_count;
+using testing::import_now;
+using testing::make_tensor;
+using testing::require_status;
+using testing::tensor_spec;
+
+struct sim_runtime {
+  std::shared_ptr<cuda::sim_api> sim;
+  std::unique_ptr<runtime> rt;
+};
+
+sim_runtime make_sim_runtime(cuda::sim_options so = {}, int chunks = 4,
+                             std::uint64_t chunk_bytes = 64 << 10) {
+  sim_runtime r;
+  r.sim = std::make_shared<cuda::sim_api>(so);
+  runtime_options o;
+  o.topology = process_topology::single_process();
+  o.worker_threads = 2;
+  o.cuda_api = r.sim;
+  o.staging_chunks = chunks;
+  o.staging_chunk_bytes = chunk_bytes;
+  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
+  REQUIRE(rt.ok());
+  r.rt = *std::move(rt);
+  return r;
+}
+
+void sim_delayed_write(cuda::sim_api& sim, cuda::stream_t producer, void* dst,
+                       const std::vector<float>& values) {
+  REQUIRE(sim.launch_host_func(producer, [dst, values] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::memcpy(dst, values.data(), values.size() * sizeof(float));
+  }) == cuda::error::success);
+}
+
+}  // namespace
+
+TEST_CASE("simulated GPUs are served and named as simulated", "[cuda][import]") {
+  sim_runtime r = make_sim_runtime();
+  CHECK(r.rt->registry().served_list().find("cuda (cuda (simulated) backend, 2 devices)") !=
+        std::string::npos);
+  CHECK(r.rt->registry().addressable_list() == "cpu:0, cuda:0, cuda:1, cuda_host:0");
+}
+
+TEST_CASE("host tensors reach a GPU through pinned staging, never pageable copies",
+          "[cuda][import]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_host_to_gpu(*r.rt, 1, [&] { return r.sim->stats().pageable_copies; });
+}
+
+TEST_CASE("GPU tensors come back to the host, strided ones compacted first", "[cuda][import]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_gpu_to_host(*r.rt, 0);
+}
+
+TEST_CASE("GPU tensors are viewed, copied, compacted and moved between GPUs", "[cuda][import]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_gpu_to_gpu(*r.rt, 0, 1);
+}
+
+TEST_CASE("an import follows the producer's stream without blocking on it",
+          "[cuda][import][stream]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_producer_stream(
+      *r.rt, 0, [&](cuda::stream_t producer, void* dst, const std::vector<float>& values) {
+        sim_delayed_write(*r.sim, producer, dst, values);
+      });
+}
+
+TEST_CASE("a large upload overlaps chunks on several streams and staging threads",
+          "[cuda][import][pipeline]") {
+  cuda::sim_options so;
+  so.host_to_device_gbps = 1.0;  // 256 KiB chunks take about 0.25 ms each
+  sim_runtime r = make_sim_runtime(so, 6, 256 << 10);
+  std::vector<float> host(4 << 20 >> 2);  // 4 MiB, 16 chunks
+  std::iota(host.begin(), host.end(), 0.0f);
+  tensor_spec s;
+  s.shape = {static_cast<std::int64_t>(host.size())};
+  s.data = host.data();
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  import_options o;
+  o.target = device{device_kind::cuda, 0};
+  absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
+  REQUIRE(t.ok());
+  CHECK(count.calls == 1);
+  CHECK(static_cast<const float*>(t->data())[host.size() - 1] ==
+        static_cast<float>(host.size() - 1));
+  const cuda::sim_stats st = r.sim->stats();
+  CHECK(st.peak_busy_streams >= 2);
+  CHECK(st.pageable_copies == 0);
+  CHECK(st.async_copies >= 16);
+}
+
+TEST_CASE("an exhausted pinned pool makes imports wait, not fail", "[cuda][import][pipeline]") {
+  sim_runtime r = make_sim_runtime({}, 1, 16 << 10);
+  std::vector<std::vector<float>> data(6, std::vector<float>(40000, 1.5f));
+  std::vector<std::future<absl::StatusOr<tensor>>> results;
+  std::vector<deleter_count> counts(6);
+  std::vector<managed_tensor> sources;
+  for (int i = 0; i < 6; ++i) {
+    tensor_spec s;
+    s.shape = {40000};
+    s.data = data[i].data();
+    sources.push_back(make_tensor(s, counts[i]));
+  }
+  import_options o;
+  o.target = device{device_kind::cuda, 1};
+  for (auto& source : sources) {
+    results.push_back(async_import_dlpack(*r.rt, source, o, asio::use_future));
+  }
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<tensor> t = results[i].get();
+    REQUIRE(t.ok());
+    CHECK(static_cast<const float*>(t->data())[39999] == 1.5f);
+    CHECK(counts[i].calls == 1);
+  }
+}
+
+TEST_CASE("running out of GPU memory fails the import cleanly", "[cuda][import][fault]") {
+  cuda::sim_options so;
+  so.memory_per_device = 1 << 20;
+  sim_runtime r = make_sim_runtime(so);
+  std::vector<float> host(1 << 19);  // 2 MiB
+  tensor_spec s;
+  s.shape = {static_cast<std::int64_t>(host.size())};
+  s.data = host.data();
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  import_options o;
+  o.target = device{device_kind::cuda, 0};
+  require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kResourceExhausted,
+                 {"cudaMallocAsync", "cuda:0", "cudaErrorMemoryAllocation"});
+  CHECK(count.calls == 1);
+  CHECK(r.rt->copy_budget().in_use() == 0);
+}
+
+TEST_CASE("a CUDA error mid-pipeline fails that import only, with the call named",
+          "[cuda][import][fault]") {
+  sim_runtime r = make_sim_runtime({}, 4, 16 << 10);
+  std::vector<float> host(64 << 10);  // 256 KiB, 16 chunks
+  tensor_spec s;
+  s.shape = {static_cast<std::int64_t>(host.size())};
+  s.data = host.data();
+  import_options o;
+  o.target = device{device_kind::cuda, 0};
+  r.sim->fail_call("cudaMemcpyAsync", 3, cuda::error::launch_failure);
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
+                 {"cudaMemcpyAsync", "cudaErrorLaunchFailure (719)"});
+  CHECK(count.calls == 1);
+
+  deleter_count next;
+  managed_tensor again = make_tensor(s, next);
+  CHECK(import_now(*r.rt, again, o).ok());  // the runtime serves the next import
+  CHECK(next.calls == 1);
+  CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
+}
+
+TEST_CASE("a sticky CUDA error fails imports with its name instead of hanging",
+          "[cuda][import][fault]") {
+  sim_runtime r = make_sim_runtime();
+  std::vector<float> host(1 << 16);
+  tensor_spec s;
+  s.shape = {static_cast<std::int64_t>(host.size())};
+  s.data = host.data();
+  import_options o;
+  o.target = device{device_kind::cuda, 1};
+  r.sim->make_sticky(cuda::error::illegal_address);
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
+                 {"cudaErrorIllegalAddress"});
+  CHECK(count.calls == 1);
+  r.sim->clear_faults();
+  deleter_count next;
+  managed_tensor again = make_tensor(s, next);
+  CHECK(import_now(*r.rt, again, o).ok());
+}
+
+TEST_CASE("cancelling mid-pipeline stops the upload and releases everything",
+          "[cuda][import][cancel]") {
+  cuda::sim_options so;
+  so.host_to_device_gbps = 0.25;  // 64 KiB chunks take about 0.26 ms each
+  sim_runtime r = make_sim_runtime(so, 2, 64 << 10);
+  std::vector<float> host(4 << 20 >> 2);  // 64 chunks: about 17 ms
+  tensor_spec s;
+  s.shape = {static_cast<std::int64_t>(host.size())};
+  s.data = host.data();
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  import_options o;
+  o.target = device{device_kind::cuda, 0};
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  absl::StatusOr<tensor> result;
+  async_import_dlpack(*r.rt, source, o,
+                      asio::bind_cancellation_slot(
+                          signal.slot(), asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+                            result = std::move(t);
+                          })));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  signal.emit(asio::cancellation_type::terminal);
+  io.run();
+  require_status(result.status(), absl::StatusCode::kCancelled, {"during its copy"});
+  CHECK(count.calls == 1);
+  CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
+}
+
+TEST_CASE("a pointer that lives elsewhere than its tensor claims is refused",
+          "[cuda][import][locality]") {
+  sim_runtime r = make_sim_runtime();
+  std::vector<float> host(16, 1.0f);
+  testing::device_memory on_zero(*r.sim, 0, host.data(), 64);
+  tensor_spec s;
+  s.shape = {16};
+  s.data = on_zero.data;
+  s.device = {device_kind::cuda, 1};
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  require_status(import_now(*r.rt, source, {}).status(), absl::StatusCode::kFailedPrecondition,
+                 {"says it lives on cuda:1", "memory of cuda:0", "DLDevice"});
+  CHECK_FALSE(source.empty());
+  s.data = host.data();
+  s.device = {device_kind::cuda, 0};
+  managed_tensor pageable = make_tensor(s, count);
+  require_status(import_now(*r.rt, pageable, {}).status(), absl::StatusCode::kFailedPrecondition,
+                 {"not CUDA device memory"});
+  CHECK(count.calls == 0);
+}
+
+}  // namespace dlasync
