@@ -1,0 +1,311 @@
+// GPU benchmarks: imports against cudaMemcpyAsync measured in the same run.
+//
+//   dlasync_bench_gpu [google benchmark flags]
+//   DLASYNC_CUDA=real (default) or sim:N   which CUDA runtime
+//   DLASYNC_BENCH_MAX_BYTES=N              largest transfer (default 1 GiB)
+//
+// Host-to-device: a pageable host tensor imported onto cuda:0 (dlasync's
+// staging pipeline) against cudaMemcpyAsync from pinned memory and from
+// pageable memory. Device-to-host likewise. Device-to-device: a copy=true
+// import and a strided (transposed) compaction against cudaMemcpyAsync.
+// Completion latency: a view that follows an idle producer stream, from the
+// call to the resumed coroutine (event record, reactor, resume), p50/p99.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/io_context.hpp"
+#include "asio/use_future.hpp"
+#include "dlasync/dlasync.hpp"
+
+namespace {
+
+using dlasync::cuda::api;
+using dlasync::cuda::error;
+
+dlasync::runtime* rt = nullptr;
+
+std::int64_t max_bytes() {
+  const char* text = std::getenv("DLASYNC_BENCH_MAX_BYTES");
+  return text != nullptr ? std::atoll(text) : std::int64_t{1} << 30;
+}
+
+api& cuda() {
+  return *rt->cuda();
+}
+dlasync::cuda::stream_t stream1() {
+  return reinterpret_cast<dlasync::cuda::stream_t>(1);
+}
+
+void sync(dlasync::cuda::stream_t s) {
+  dlasync::cuda::event_t e = nullptr;
+  cuda().event_create(&e);
+  cuda().event_record(e, s);
+  while (cuda().event_query(e) == error::not_ready) {
+  }
+  cuda().event_destroy(e);
+}
+
+struct device_block {
+  void* data = nullptr;
+  explicit device_block(std::size_t n) {
+    cuda().set_device(0);
+    cuda().malloc_async(&data, n, stream1());
+    sync(stream1());
+  }
+  ~device_block() {
+    cuda().free_async(data, stream1());
+    sync(stream1());
+  }
+};
+
+DLManagedTensorVersioned describe(void* data, dlasync::device d, std::int64_t* shape,
+                                  std::int64_t* strides, int ndim) {
+  DLManagedTensorVersioned m{};
+  m.version = {1, 3};
+  m.dl_tensor.data = data;
+  m.dl_tensor.device = dlasync::to_dl_device(d);
+  m.dl_tensor.ndim = ndim;
+  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
+  m.dl_tensor.shape = shape;
+  m.dl_tensor.strides = strides;
+  return m;
+}
+
+void import_loop(benchmark::State& state, DLManagedTensorVersioned& m,
+                 const dlasync::import_options& o, std::int64_t bytes) {
+  for (auto _ : state) {
+    dlasync::managed_tensor source(&m);
+    absl::StatusOr<dlasync::tensor> t =
+        dlasync::async_import_dlpack(*rt, source, o, asio::use_future).get();
+    if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
+  }
+  state.SetBytesProcessed(state.iterations() * bytes);
+}
+
+void h2d_import(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  std::vector<char> host(static_cast<std::size_t>(n), 1);
+  std::int64_t shape[1] = {n / 4};
+  DLManagedTensorVersioned m = describe(host.data(), dlasync::host_device, shape, nullptr, 1);
+  dlasync::import_options o;
+  o.target = dlasync::device{dlasync::device_kind::cuda, 0};
+  import_loop(state, m, o, n);
+}
+
+void memcpy_loop(benchmark::State& state, void* dst, const void* src, std::int64_t n,
+                 dlasync::cuda::memcpy_kind kind) {
+  dlasync::cuda::stream_t s = nullptr;
+  cuda().set_device(0);
+  cuda().stream_create(&s);
+  for (auto _ : state) {
+    cuda().memcpy_async(dst, src, static_cast<std::size_t>(n), kind, s);
+    sync(s);
+  }
+  cuda().stream_destroy(s);
+  state.SetBytesProcessed(state.iterations() * n);
+}
+
+void h2d_pinned(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  void* pinned = nullptr;
+  cuda().malloc_host(&pinned, static_cast<std::size_t>(n));
+  device_block d(static_cast<std::size_t>(n));
+  memcpy_loop(state, d.data, pinned, n, dlasync::cuda::memcpy_kind::host_to_device);
+  cuda().free_host(pinned);
+}
+
+void h2d_pageable(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  std::vector<char> host(static_cast<std::size_t>(n), 1);
+  device_block d(static_cast<std::size_t>(n));
+  memcpy_loop(state, d.data, host.data(), n, dlasync::cuda::memcpy_kind::host_to_device);
+}
+
+void d2h_import(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  device_block d(static_cast<std::size_t>(n));
+  std::int64_t shape[1] = {n / 4};
+  DLManagedTensorVersioned m = describe(d.data, {dlasync::device_kind::cuda, 0}, shape, nullptr, 1);
+  dlasync::import_options o;
+  o.target = dlasync::host_device;
+  import_loop(state, m, o, n);
+}
+
+void d2h_pinned(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  void* pinned = nullptr;
+  cuda().malloc_host(&pinned, static_cast<std::size_t>(n));
+  device_block d(static_cast<std::size_t>(n));
+  memcpy_loop(state, pinned, d.data, n, dlasync::cuda::memcpy_kind::device_to_host);
+  cuda().free_host(pinned);
+}
+
+void d2h_pageable(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  std::vector<char> host(static_cast<std::size_t>(n));
+  device_block d(static_cast<std::size_t>(n));
+  memcpy_loop(state, host.data(), d.data, n, dlasync::cuda::memcpy_kind::device_to_host);
+}
+
+void d2d_import(benchmark::State& state, bool transposed) {
+  const std::int64_t n = state.range(0);
+  device_block d(static_cast<std::size_t>(n));
+  std::int64_t side = 1;
+  while ((side * 2) * (side * 2) * 4 <= n) side *= 2;
+  std::int64_t shape[2] = {side, side};
+  std::int64_t strides[2] = {1, side};
+  DLManagedTensorVersioned m =
+      describe(d.data, {dlasync::device_kind::cuda, 0}, shape, transposed ? strides : nullptr, 2);
+  dlasync::import_options o;
+  o.copy = true;
+  o.require_contiguous = true;
+  import_loop(state, m, o, side * side * 4);
+}
+
+void d2d_memcpy(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  device_block a(static_cast<std::size_t>(n));
+  device_block b(static_cast<std::size_t>(n));
+  memcpy_loop(state, b.data, a.data, n, dlasync::cuda::memcpy_kind::device_to_device);
+}
+
+// Completion latency, p50 and p99, printed after the table.
+std::vector<double> latencies_us;
+
+void measure_latency() {
+  device_block d(4096);
+  std::int64_t shape[1] = {1024};
+  DLManagedTensorVersioned m = describe(d.data, {dlasync::device_kind::cuda, 0}, shape, nullptr, 1);
+  dlasync::cuda::stream_t producer = nullptr;
+  cuda().set_device(0);
+  cuda().stream_create(&producer);
+  dlasync::import_options o;
+  o.stream = reinterpret_cast<std::int64_t>(producer);
+  asio::io_context io;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        for (int i = 0; i < 2000; ++i) {
+          dlasync::managed_tensor source(&m);
+          const auto t0 = std::chrono::steady_clock::now();
+          absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(*rt, source, o);
+          const auto t1 = std::chrono::steady_clock::now();
+          if (t.ok())
+            latencies_us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+        }
+      },
+      asio::detached);
+  io.run();
+  cuda().stream_destroy(producer);
+}
+
+class ratio_reporter : public benchmark::ConsoleReporter {
+ public:
+  std::map<std::string, double> ns;
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.error_occurred) continue;
+      const std::string name = run.benchmark_name();
+      const bool median = run.aggregate_name == "median";
+      if (!median && run.run_type == Run::RT_Aggregate) continue;
+      const std::string key = median ? name.substr(0, name.rfind("_median")) : name;
+      if (median || !ns.count(key)) ns[key] = run.GetAdjustedRealTime();
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+std::vector<std::int64_t> sizes() {
+  std::vector<std::int64_t> out;
+  for (std::int64_t b = 4 << 20; b <= max_bytes(); b *= 4) out.push_back(b);
+  if (out.empty()) out.push_back(max_bytes());
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dlasync::runtime_options o;
+  o.topology = dlasync::process_topology::single_process();
+  const char* mode = std::getenv("DLASYNC_CUDA");
+  o.cuda = mode != nullptr ? mode : "real";
+  absl::StatusOr<std::unique_ptr<dlasync::runtime>> created = dlasync::runtime::create(o);
+  if (!created.ok() || (*created)->cuda() == nullptr) {
+    std::printf("skipped: the GPU benchmarks need a CUDA device (or DLASYNC_CUDA=sim:N): %s\n",
+                created.ok() ? "no CUDA backend" : std::string(created.status().message()).c_str());
+    return 0;
+  }
+  rt = created->get();
+  std::vector<char*> args(argv, argv + argc);
+  std::string reps = "--benchmark_repetitions=5";
+  std::string only = "--benchmark_report_aggregates_only=true";
+  args.insert(args.begin() + 1, reps.data());
+  args.insert(args.begin() + 2, only.data());
+  int count = static_cast<int>(args.size());
+  benchmark::Initialize(&count, args.data());
+  for (std::int64_t b : sizes()) {
+    benchmark::RegisterBenchmark("h2d/import_pageable", h2d_import)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("h2d/memcpy_pinned", h2d_pinned)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("h2d/memcpy_pageable", h2d_pageable)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2h/import", d2h_import)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2h/memcpy_pinned", d2h_pinned)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2h/memcpy_pageable", d2h_pageable)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2d/import_copy", d2d_import, false)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2d/import_transposed", d2d_import, true)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("d2d/memcpy", d2d_memcpy)->Arg(b)->UseRealTime();
+  }
+  ratio_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  measure_latency();
+  benchmark::Shutdown();
+
+  auto get = [&](const std::string& k) {
+    auto it = reporter.ns.find(k);
+    return it == reporter.ns.end() ? 0.0 : it->second;
+  };
+  std::printf("\nGPU ratio table (%s, medians of this run)\n",
+              rt->cuda()->simulated() ? "SIMULATED GPU" : "real GPU");
+  std::printf("%-12s %12s %10s %12s %12s\n", "path", "bytes", "GB/s", "vs pinned", "vs pageable");
+  for (std::int64_t b : sizes()) {
+    const std::string arg = absl::StrCat("/", b, "/real_time");
+    for (const char* dir : {"h2d", "d2h"}) {
+      const double imp =
+          get(absl::StrCat(dir, dir[0] == 'h' ? "/import_pageable" : "/import", arg));
+      const double pin = get(absl::StrCat(dir, "/memcpy_pinned", arg));
+      const double pag = get(absl::StrCat(dir, "/memcpy_pageable", arg));
+      if (imp > 0) {
+        std::printf("%-12s %12lld %10.2f %12.2f %12.2f\n", dir, static_cast<long long>(b),
+                    static_cast<double>(b) / imp, pin / imp, pag / imp);
+      }
+    }
+    const double copy = get(absl::StrCat("d2d/import_copy", arg));
+    const double transposed = get(absl::StrCat("d2d/import_transposed", arg));
+    const double mem = get(absl::StrCat("d2d/memcpy", arg));
+    if (copy > 0 && mem > 0) {
+      std::printf("%-12s %12lld %10.2f %12.2f %12s\n", "d2d copy", static_cast<long long>(b),
+                  static_cast<double>(b) / copy, mem / copy, "-");
+    }
+    if (transposed > 0 && mem > 0) {
+      std::printf("%-12s %12lld %10.2f %12.2f %12s\n", "d2d transp.", static_cast<long long>(b),
+                  static_cast<double>(b) / transposed, mem / transposed, "-");
+    }
+  }
+  if (!latencies_us.empty()) {
+    std::sort(latencies_us.begin(), latencies_us.end());
+    std::printf("completion latency (stream-following view): p50 %.1f us, p99 %.1f us\n",
+                latencies_us[latencies_us.size() / 2],
+                latencies_us[latencies_us.size() * 99 / 100]);
+  }
+  return 0;
+}

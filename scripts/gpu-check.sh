@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The GPU checks, in one call of a few minutes on a machine with a GPU:
+# builds for sm_90, runs the [gpu] tests and the GPU benchmarks, and prints
+# the benchmark's ratio table last. Dependencies come from the system or
+# from .gpu-deps (scripts/fetch-gpu-deps.sh, carried along).
+#
+#   scripts/gpu-check.sh [max bytes, default 1 GiB]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+max_bytes=${1:-$((1 << 30))}
+
+args=()
+if [ -d .gpu-deps/root ]; then
+  deps=$PWD/.gpu-deps/root
+  args+=(-DCMAKE_PREFIX_PATH="$deps/usr;$deps/usr/lib/x86_64-linux-gnu/cmake"
+         -DCMAKE_INCLUDE_PATH="$deps/usr/include")
+  export LD_LIBRARY_PATH="$deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+cxx=$(command -v g++-12 || command -v g++)
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DDLASYNC_WITH_CUDA=ON \
+  -DDLASYNC_BUILD_TESTS=ON -DDLASYNC_BUILD_BENCH=ON -DDLASYNC_BUILD_EXAMPLES=OFF "${args[@]}"
+cmake --build build-gpu --parallel "$(nproc)" --target dlasync_gpu_tests dlasync_bench_gpu
+
+status=0
+echo "== [gpu] tests"
+timeout 120 build-gpu/tests/dlasync_gpu_tests || status=$?
+echo "== GPU benchmarks (up to $max_bytes bytes)"
+DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=$max_bytes timeout 240 \
+  build-gpu/bench/dlasync_bench_gpu --benchmark_min_time=0.05 > build-gpu/bench-gpu.log 2>&1 ||
+  status=$?
+echo "== [gpu] tests exit status: $status"
+sed -n '/GPU ratio table/,$p;/^skipped/p' build-gpu/bench-gpu.log
+exit $status
