@@ -12,12 +12,13 @@
 // call to the resumed coroutine (event record, reactor, resume), p50/p99.
 #include <benchmark/benchmark.h>
 
+#include "median_reporter.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -210,22 +211,6 @@ void measure_latency() {
   cuda().stream_destroy(producer);
 }
 
-class ratio_reporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> ns;
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (run.error_occurred) continue;
-      const std::string name = run.benchmark_name();
-      const bool median = run.aggregate_name == "median";
-      if (!median && run.run_type == Run::RT_Aggregate) continue;
-      const std::string key = median ? name.substr(0, name.rfind("_median")) : name;
-      if (median || !ns.count(key)) ns[key] = run.GetAdjustedRealTime();
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
 std::vector<std::int64_t> sizes() {
   std::vector<std::int64_t> out;
   for (std::int64_t b = 4 << 20; b <= max_bytes(); b *= 4) out.push_back(b);
@@ -247,13 +232,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   rt = created->get();
-  std::vector<char*> args(argv, argv + argc);
-  std::string reps = "--benchmark_repetitions=5";
-  std::string only = "--benchmark_report_aggregates_only=true";
-  args.insert(args.begin() + 1, reps.data());
-  args.insert(args.begin() + 2, only.data());
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
+  dlasync::bench::initialize_with_medians(argc, argv);
   for (std::int64_t b : sizes()) {
     benchmark::RegisterBenchmark("h2d/import_pageable", h2d_import)->Arg(b)->UseRealTime();
     benchmark::RegisterBenchmark("h2d/memcpy_pinned", h2d_pinned)->Arg(b)->UseRealTime();
@@ -265,15 +244,12 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("d2d/import_transposed", d2d_import, true)->Arg(b)->UseRealTime();
     benchmark::RegisterBenchmark("d2d/memcpy", d2d_memcpy)->Arg(b)->UseRealTime();
   }
-  ratio_reporter reporter;
+  dlasync::bench::median_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   measure_latency();
   benchmark::Shutdown();
 
-  auto get = [&](const std::string& k) {
-    auto it = reporter.ns.find(k);
-    return it == reporter.ns.end() ? 0.0 : it->second;
-  };
+  auto get = [&](const std::string& k) { return reporter.ns(k); };
   std::printf("\nGPU ratio table (%s, medians of this run)\n",
               rt->cuda()->simulated() ? "SIMULATED GPU" : "real GPU");
   std::printf("%-12s %12s %10s %12s %12s\n", "path", "bytes", "GB/s", "vs pinned", "vs pageable");

@@ -11,10 +11,11 @@
 // many threads, into a warm destination, so allocation is charged to us).
 #include <benchmark/benchmark.h>
 
+#include "median_reporter.hpp"
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -234,29 +235,9 @@ void register_copies() {
 }
 
 // Keeps the median (or the only run) of each benchmark's real time, in ns.
-class ratio_reporter : public benchmark::ConsoleReporter {
- public:
-  std::map<std::string, double> median_ns;
 
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (run.error_occurred) continue;
-      const std::string name = run.benchmark_name();
-      const bool median = run.aggregate_name == "median";
-      if (!median && run.run_type == Run::RT_Aggregate) continue;
-      std::string key = name;
-      if (median) key = name.substr(0, name.rfind("_median"));
-      if (median || !median_ns.count(key)) median_ns[key] = run.GetAdjustedRealTime();
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-};
-
-void print_ratios(const ratio_reporter& r) {
-  auto get = [&](const std::string& name) {
-    auto it = r.median_ns.find(name);
-    return it == r.median_ns.end() ? 0.0 : it->second;
-  };
+void print_ratios(const dlasync::bench::median_reporter& r) {
+  auto get = [&](const std::string& name) { return r.ns(name); };
   std::printf("\nratio table (medians of this run)\n");
   const double inline_ns = get("fast_path_inline");
   const double await_ns = get("fast_path_co_await");
@@ -295,16 +276,9 @@ void print_ratios(const ratio_reporter& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Medians of 5 by default; flags given on the command line win.
-  std::vector<char*> args(argv, argv + argc);
-  std::string reps = "--benchmark_repetitions=5";
-  std::string only_aggregates = "--benchmark_report_aggregates_only=true";
-  args.insert(args.begin() + 1, reps.data());
-  args.insert(args.begin() + 2, only_aggregates.data());
-  int count = static_cast<int>(args.size());
-  benchmark::Initialize(&count, args.data());
+  dlasync::bench::initialize_with_medians(argc, argv);
   register_copies();
-  ratio_reporter reporter;
+  dlasync::bench::median_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_ratios(reporter);
   benchmark::Shutdown();

@@ -105,17 +105,9 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
     for (const layout_case& c : layout_cases()) {
       if (type.is_sub_byte() && !c.sub_byte_ok) continue;
       INFO(type.name() << ", " << c.name);
-      const std::size_t es = type.padded_size();
-      std::vector<std::uint8_t> bytes(128 * es);
-      fill_pattern(bytes);
-      tensor_spec s;
-      s.type = type;
-      s.shape = c.shape;
-      s.strides = c.strides;
-      s.data = bytes.data();
-      s.byte_offset = static_cast<std::uint64_t>(c.offset) * (type.is_sub_byte() ? 1 : es);
+      const layout_source layout(type, c);
       deleter_count count;
-      managed_tensor source = make_tensor(s, count);
+      managed_tensor source = make_tensor(layout.spec, count);
       import_options o;
       o.target = device{device_kind::cuda, target};
       const std::uint64_t pageable_before = pageable_copies ? pageable_copies() : 0;
@@ -125,7 +117,7 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
       CHECK(t->device() == *o.target);
       CHECK(t->is_copy());
       CHECK(count.calls == 1);
-      CHECK(read_back(*rt.cuda(), *t) == expected_bytes(bytes.data() + s.byte_offset, c, type));
+      CHECK(read_back(*rt.cuda(), *t) == expected_bytes(layout.first(), c, type));
     }
   }
 }

@@ -9,6 +9,7 @@
 
 #include "dlasync/transfer/dtype.hpp"
 #include "dlasync/transfer/tensor.hpp"
+#include "support/test_tensors.hpp"
 
 namespace dlasync::testing {
 
@@ -56,6 +57,23 @@ inline void fill_pattern(std::vector<std::uint8_t>& bytes) {
     bytes[i] = static_cast<std::uint8_t>(i * 131 + 17);
   }
 }
+
+// A pattern-filled buffer and a tensor of `type` laid out over it as `c`
+// says. `first()` is where the layout's first element is.
+struct layout_source {
+  std::vector<std::uint8_t> bytes;
+  tensor_spec spec;
+  layout_source(dtype type, const layout_case& c) : bytes(128 * type.padded_size()) {
+    fill_pattern(bytes);
+    spec.type = type;
+    spec.shape = c.shape;
+    spec.strides = c.strides;
+    spec.data = bytes.data();
+    spec.byte_offset =
+        static_cast<std::uint64_t>(c.offset) * (type.is_sub_byte() ? 1 : type.padded_size());
+  }
+  const std::uint8_t* first() const { return bytes.data() + spec.byte_offset; }
+};
 
 // True when `t` holds, element by element, what the layout reads from
 // `source` (the first element at `first`).

@@ -209,17 +209,9 @@ TEST_CASE("every layout and dtype imports correctly with copy unset, true and fa
           INFO(type.name() << ", " << c.name << ", copy "
                            << (copy ? (*copy ? "true" : "false") : "unset")
                            << (cross_device ? ", to cpu:1" : ""));
-          const std::size_t es = type.padded_size();
-          std::vector<std::uint8_t> bytes(128 * es);
-          testing::fill_pattern(bytes);
-          tensor_spec s;
-          s.type = type;
-          s.shape = c.shape;
-          s.strides = c.strides;
-          s.data = bytes.data();
-          s.byte_offset = static_cast<std::uint64_t>(c.offset) * (type.is_sub_byte() ? 1 : es);
+          const testing::layout_source layout(type, c);
           deleter_count count;
-          managed_tensor source = make_tensor(s, count);
+          managed_tensor source = make_tensor(layout.spec, count);
           import_options o;
           o.copy = copy;
           if (cross_device) o.target = second_cpu;
@@ -230,7 +222,7 @@ TEST_CASE("every layout and dtype imports correctly with copy unset, true and fa
           CHECK(t->dtype() == type);
           CHECK(std::vector<std::int64_t>(t->shape().begin(), t->shape().end()) == c.shape);
           if (copied) CHECK(t->is_compact());
-          CHECK(testing::same_elements(*t, bytes.data() + s.byte_offset, c, type));
+          CHECK(testing::same_elements(*t, layout.first(), c, type));
           CHECK(count.calls == (copied ? 1 : 0));
           t = absl::UnknownError("dropped");
           CHECK(count.calls == 1);
