@@ -178,6 +178,11 @@ marker_ptr host_backend::record_producer(device, std::int64_t) {
   return marker;
 }
 
+absl::Status host_backend::order_consumer(device d, std::int64_t, const marker_ptr&) {
+  return absl::UnimplementedError(
+      absl::StrCat(d.name(), " has no streams for a consumer to wait on"));
+}
+
 std::optional<device> host_backend::device_of(const void*) const {
   // Virtual host devices share one address space: a pointer does not say.
   return std::nullopt;

@@ -82,6 +82,74 @@ TEST_CASE("an import follows the producer's stream without blocking on it",
       });
 }
 
+TEST_CASE("with a consumer stream the import resumes at once and that stream waits",
+          "[cuda][import][stream]") {
+  sim_runtime r = make_sim_runtime();
+  std::vector<float> stale(256, -1.0f);
+  std::vector<float> fresh(256);
+  std::iota(fresh.begin(), fresh.end(), 0.0f);
+  testing::device_memory mem(*r.sim, 0, stale.data(), 1024);
+  cuda::stream_t producer = nullptr;
+  cuda::stream_t consumer = nullptr;
+  r.sim->set_device(0);
+  REQUIRE(r.sim->stream_create(&producer) == cuda::error::success);
+  r.sim->set_device(1);
+  REQUIRE(r.sim->stream_create(&consumer) == cuda::error::success);
+  std::atomic<bool> written{false};
+  REQUIRE(r.sim->launch_host_func(producer, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::memcpy(mem.data, fresh.data(), 1024);
+    written = true;
+  }) == cuda::error::success);
+
+  for (const bool view : {false, true}) {
+    INFO((view ? "a view on cuda:0" : "a copy to cuda:1"));
+    tensor_spec s;
+    s.device = {device_kind::cuda, 0};
+    s.shape = {256};
+    s.data = mem.data;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.stream = reinterpret_cast<std::int64_t>(producer);
+    o.consumer_stream = reinterpret_cast<std::int64_t>(view ? producer : consumer);
+    if (!view) o.target = device{device_kind::cuda, 1};
+    absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
+    REQUIRE(t.ok());
+    if (!view) {
+      CHECK_FALSE(written.load());  // resumed before the producer finished
+      CHECK(count.calls == 0);      // the copy has not read the source yet
+      // The caller's own work on its stream sees the final data.
+      std::vector<float> seen(256);
+      r.sim->set_device(1);
+      REQUIRE(r.sim->memcpy_async(seen.data(), t->data(), 1024, cuda::memcpy_kind::device_to_host,
+                                  consumer) == cuda::error::success);
+      testing::finish_stream(*r.sim, 1, consumer);
+      CHECK(seen == fresh);
+      CHECK(testing::eventually([&] { return count.calls == 1; }));
+    } else {
+      CHECK(t->is_view());
+      t = absl::UnknownError("dropped");
+      CHECK(count.calls == 1);
+    }
+  }
+  testing::require_status(
+      [&] {
+        tensor_spec s;
+        s.shape = {4};
+        s.data = stale.data();
+        deleter_count count;
+        managed_tensor source = make_tensor(s, count);
+        import_options o;
+        o.consumer_stream = 7;
+        return import_now(*r.rt, source, o).status();
+      }(),
+      absl::StatusCode::kInvalidArgument, {"consumer_stream 7", "cpu:0", "GPU targets only"});
+  testing::finish_stream(*r.sim, 0, producer);
+  r.sim->stream_destroy(producer);
+  r.sim->stream_destroy(consumer);
+}
+
 TEST_CASE("a large upload overlaps chunks on several streams and staging threads",
           "[cuda][import][pipeline]") {
   cuda::sim_options so;

@@ -87,9 +87,16 @@ void copy_import::start() {
   if (!plan_.needs_copy()) {
     // A view of GPU memory still being written: hand it out when the
     // producer's stream has reached this point.
-    rt_.backend_for(plan_.source)
-        .record_producer(plan_.source, plan_.producer_stream)
-        ->on_complete([self = shared_from_this()](absl::Status s) {
+    const marker_ptr produced =
+        rt_.backend_for(plan_.source).record_producer(plan_.source, plan_.producer_stream);
+    if (plan_.consumer_stream != -1 &&
+        rt_.backend_for(plan_.target)
+            .order_consumer(plan_.target, plan_.consumer_stream, produced)
+            .ok()) {
+      // The caller's stream follows the producer on the device: no wait here.
+      return finish(tensor::make_view(std::move(source_), plan_));
+    }
+    produced->on_complete([self = shared_from_this()](absl::Status s) {
           if (!s.ok()) return self->finish(std::move(s));
           if (self->control_->cancel_requested.load(std::memory_order_acquire)) {
             return self->finish(absl::CancelledError(
@@ -167,8 +174,21 @@ void copy_import::on_budget(absl::Status status) {
   job.layout = source_layout(*source_.dl_tensor(), plan_);
   job.producer_stream = plan_.producer_stream;
   job.control = control_;
-  copier.enqueue_copy(stream, std::move(job))
-      ->on_complete([self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+  const marker_ptr copied = copier.enqueue_copy(stream, std::move(job));
+  if (plan_.consumer_stream != -1 &&
+      rt_.backend_for(plan_.target)
+          .order_consumer(plan_.target, plan_.consumer_stream, copied)
+          .ok()) {
+    // The caller's stream follows the copy on the device: resume now, and
+    // release the source when the copy has read it.
+    std::move(done_)(tensor::make_copy(std::move(buffer_), plan_, shape_));
+    copied->on_complete([self = shared_from_this()](absl::Status) {
+      self->source_.reset();
+      self->rt_.end_operation(self->op_id_);
+    });
+    return;
+  }
+  copied->on_complete([self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
 }
 
 void copy_import::on_copied(absl::Status status) {

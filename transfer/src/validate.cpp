@@ -251,6 +251,19 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
   if (options.target) DLASYNC_RETURN_IF_ERROR(registry.check_device(plan.target, "target"));
   DLASYNC_RETURN_IF_ERROR(check_stream(options, plan.source, registry));
   if (plan.source.kind != device_kind::cpu) plan.producer_stream = options.stream.value_or(-1);
+  if (options.consumer_stream && *options.consumer_stream != stream_no_sync) {
+    const std::int64_t c = *options.consumer_stream;
+    if (plan.target.kind != device_kind::cuda) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consumer_stream ", c, " was given for target ", plan.target.name(),
+          ", which has no streams; it applies to GPU targets only"));
+    }
+    if (c == 0 || c < stream_no_sync) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "consumer_stream ", c, " is not a DLPack stream value; use 1, 2 or a stream handle"));
+    }
+    plan.consumer_stream = c;
+  }
 
   DLASYNC_RETURN_IF_ERROR(check_strides(dl, plan.type, plan.byte_size, plan));
   DLASYNC_RETURN_IF_ERROR(check_address(dl, plan));

@@ -765,6 +765,18 @@ std::optional<device> cuda_backend::device_of(const void* pointer) const {
   }
 }
 
+absl::Status cuda_backend::order_consumer(device d, std::int64_t consumer_stream,
+                                          const marker_ptr& m) {
+  if (m->done()) return absl::OkStatus();
+  const auto consumer = reinterpret_cast<cuda::stream_t>(consumer_stream);
+  absl::Status status;
+  if (context_->wait_for(d.ordinal, consumer, m.get(), status)) return status;
+  if (m->done()) return absl::OkStatus();
+  return absl::UnimplementedError(
+      "this transfer finishes on the host (a staging pipeline): the import resumes when the "
+      "data is ready instead");
+}
+
 marker_ptr cuda_backend::record_producer(device d, std::int64_t producer_stream) {
   if (producer_stream == no_producer_stream) return done_marker(absl::OkStatus());
   const auto producer = reinterpret_cast<cuda::stream_t>(producer_stream);

@@ -97,6 +97,13 @@ class backend {
   // The device that owns `pointer`, when the backend can tell.
   virtual std::optional<device> device_of(const void* pointer) const = 0;
 
+  // Makes the caller's stream `consumer_stream` (DLPack encoding) of device
+  // `d` wait on the device for `m`, so that work the caller enqueues there
+  // follows without a host round trip. Unimplemented when `m` cannot be
+  // waited for on the device (the caller then waits on the host).
+  virtual absl::Status order_consumer(device d, std::int64_t consumer_stream,
+                                      const marker_ptr& m) = 0;
+
   // A marker that completes when the producer's stream `producer_stream`
   // (DLPack encoding) on device `d` reaches the point of this call.
   // Backends without streams return a completed marker.

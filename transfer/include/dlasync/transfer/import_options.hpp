@@ -45,6 +45,13 @@ struct import_options {
   // no streams: only none is legal there.
   std::optional<std::int64_t> stream;
 
+  // The caller's stream on the target GPU (DLPack encoding). When given, the
+  // import resumes as soon as its work is enqueued, and this stream waits
+  // for it on the device, so the caller's kernels follow with no host round
+  // trip. Transfers that end on the host (the staging pipelines) resume when
+  // the data is ready instead. Empty: resume when the data is ready.
+  std::optional<std::int64_t> consumer_stream;
+
   // The result must be compact row-major.
   bool require_contiguous = false;
 

@@ -70,6 +70,8 @@ struct import_plan {
   std::uintptr_t address = 0;  // the first element's address (data + byte_offset)
   // The producer's stream the import must follow (DLPack encoding), or -1.
   std::int64_t producer_stream = -1;
+  // The caller's stream that is to wait for the import on the device, or -1.
+  std::int64_t consumer_stream = -1;
   std::uint8_t copy_reasons = 0;
 
   bool needs_copy() const noexcept { return copy_reasons != 0; }
