@@ -100,8 +100,7 @@ inline absl::StatusOr<tensor> import_now(runtime& rt, managed_tensor& source,
 // imports must make none (pageable sources go through pinned staging).
 inline void scenario_host_to_gpu(runtime& rt, int target,
                                  const std::function<std::uint64_t()>& pageable_copies = {}) {
-  for (const dtype type :
-       {dtypes::float32, dtypes::int8, dtypes::float64, dtypes::bfloat16, dtypes::float4_e2m1fn}) {
+  for (const dtype type : supported_dtypes()) {
     for (const layout_case& c : layout_cases()) {
       if (type.is_sub_byte() && !c.sub_byte_ok) continue;
       INFO(type.name() << ", " << c.name);
@@ -118,6 +117,31 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
       CHECK(t->is_copy());
       CHECK(count.calls == 1);
       CHECK(read_back(*rt.cuda(), *t) == expected_bytes(layout.first(), c, type));
+    }
+  }
+}
+
+// Every layout and dtype of GPU memory back to the host, element by element.
+inline void scenario_gpu_layouts_to_host(runtime& rt, int source_device) {
+  for (const dtype type : supported_dtypes()) {
+    for (const layout_case& c : layout_cases()) {
+      if (type.is_sub_byte() && !c.sub_byte_ok) continue;
+      INFO(type.name() << ", " << c.name);
+      layout_source layout(type, c);
+      device_memory mem(*rt.cuda(), source_device, layout.bytes.data(), layout.bytes.size());
+      tensor_spec s = layout.spec;
+      s.device = {device_kind::cuda, source_device};
+      s.data = mem.data;
+      deleter_count count;
+      managed_tensor source = make_tensor(s, count);
+      import_options o;
+      o.target = host_device;
+      absl::StatusOr<tensor> t = import_now(rt, source, o);
+      REQUIRE(t.ok());
+      CHECK(t->is_copy());
+      CHECK(t->is_compact());
+      CHECK(count.calls == 1);
+      CHECK(same_elements(*t, layout.first(), c, type));
     }
   }
 }

@@ -66,6 +66,7 @@ TEST_CASE("host tensors reach a GPU through pinned staging, never pageable copie
 TEST_CASE("GPU tensors come back to the host, strided ones compacted first", "[cuda][import]") {
   sim_runtime r = make_sim_runtime();
   testing::scenario_gpu_to_host(*r.rt, 0);
+  testing::scenario_gpu_layouts_to_host(*r.rt, 1);
 }
 
 TEST_CASE("GPU tensors are viewed, copied, compacted and moved between GPUs", "[cuda][import]") {

@@ -31,7 +31,9 @@ TEST_CASE("GPU: host tensors reach the GPU through pinned staging", "[gpu]") {
 }
 
 TEST_CASE("GPU: GPU tensors come back to the host", "[gpu]") {
-  testing::scenario_gpu_to_host(*real_runtime(), 0);
+  std::unique_ptr<runtime> rt = real_runtime();
+  testing::scenario_gpu_to_host(*rt, 0);
+  testing::scenario_gpu_layouts_to_host(*rt, 0);
 }
 
 TEST_CASE("GPU: GPU tensors are viewed, copied, compacted and moved", "[gpu]") {

@@ -77,6 +77,7 @@ class cuda_context {
   }
 
   cuda::api& api() { return *api_; }
+  bool on_reactor_thread() const { return std::this_thread::get_id() == reactor_.get_id(); }
   const cuda_backend_options& options() const { return options_; }
   int device_count() const { return static_cast<int>(devices_.size()); }
   cuda::stream_t stream(int device, int index) {
@@ -432,8 +433,8 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     if (!chunk.ok()) fail(chunk.status());
     if (!chunk.ok() || stopped()) {
       if (chunk.ok()) ctx_.give_chunk(*chunk);
-      finish_one();
-      return request();
+      request();
+      return finish_one();
     }
     if (to_device_) {
       asio::post(pool_,
@@ -459,8 +460,8 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     ctx_.record(device_, s)->on_complete([self = shared_from_this(), chunk](absl::Status st) {
       if (!st.ok()) self->fail(st);
       self->ctx_.give_chunk(chunk);
-      self->finish_one();
       self->request();
+      self->finish_one();  // last: it may complete the import
     });
   }
 
@@ -477,15 +478,15 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
       if (!st.ok()) {
         self->fail(st);
         self->ctx_.give_chunk(chunk);
-        self->finish_one();
-        return self->request();
+        self->request();
+        return self->finish_one();
       }
       asio::post(self->pool_, [self, k, chunk] {
         const auto [begin, end] = self->ranges_[k];
         std::memcpy(self->dst_ + begin, chunk, static_cast<std::size_t>(end - begin));
         self->ctx_.give_chunk(chunk);
-        self->finish_one();
         self->request();
+        self->finish_one();
       });
     });
   }
@@ -493,8 +494,8 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   void chunk_failed(void* chunk, absl::Status st) {
     fail(std::move(st));
     ctx_.give_chunk(chunk);
-    finish_one();
     request();
+    finish_one();
   }
 
   void fail(absl::Status st) {
@@ -556,7 +557,17 @@ absl::StatusOr<std::unique_ptr<cuda_backend>> cuda_backend::create(std::shared_p
       }
     }
   }
-  auto context = std::make_shared<cuda_context>(std::move(api), options, count);
+  // The last reference may drop inside a reactor callback (a pipeline that
+  // outlives the runtime by a moment): then the context, which joins the
+  // reactor thread, is destroyed on a thread of its own.
+  std::shared_ptr<cuda_context> context(
+      new cuda_context(std::move(api), options, count), [](cuda_context* c) {
+        if (c->on_reactor_thread()) {
+          std::thread([c] { delete c; }).detach();
+        } else {
+          delete c;
+        }
+      });
   if (absl::Status s = context->start(); !s.ok()) return s;
   return std::unique_ptr<cuda_backend>(new cuda_backend(std::move(context), pool));
 }
