@@ -26,7 +26,11 @@ build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = address ] && build_dir=build-asan
 [ "$sanitize" = thread ] && build_dir=build-tsan
 
+# The benchmarks are built, and smoke-run once, in the plain build only.
+bench=ON
+[ -n "$sanitize" ] && bench=OFF
+
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=ON
+  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench
 cmake --build "$build_dir" --parallel "$(nproc)"
 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" --timeout 300
