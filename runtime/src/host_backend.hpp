@@ -43,8 +43,7 @@ class host_backend final : public backend {
   absl::Status wait(stream_ref s, marker_ptr m) override;
   std::optional<device> device_of(const void* pointer) const override;
   marker_ptr record_producer(device d, std::int64_t producer_stream) override;
-  absl::Status order_consumer(device d, std::int64_t consumer_stream,
-                              const marker_ptr& m) override;
+  absl::Status order_consumer(device d, std::int64_t consumer_stream, const marker_ptr& m) override;
 
  private:
   host_stream& stream(stream_ref s);

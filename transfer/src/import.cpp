@@ -97,14 +97,14 @@ void copy_import::start() {
       return finish(tensor::make_view(std::move(source_), plan_));
     }
     produced->on_complete([self = shared_from_this()](absl::Status s) {
-          if (!s.ok()) return self->finish(std::move(s));
-          if (self->control_->cancel_requested.load(std::memory_order_acquire)) {
-            return self->finish(absl::CancelledError(
-                "the import was cancelled while it waited for the producer's stream; the "
-                "source tensor was released"));
-          }
-          self->finish(tensor::make_view(std::move(self->source_), self->plan_));
-        });
+      if (!s.ok()) return self->finish(std::move(s));
+      if (self->control_->cancel_requested.load(std::memory_order_acquire)) {
+        return self->finish(absl::CancelledError(
+            "the import was cancelled while it waited for the producer's stream; the "
+            "source tensor was released"));
+      }
+      self->finish(tensor::make_view(std::move(self->source_), self->plan_));
+    });
     return;
   }
   {
@@ -188,7 +188,8 @@ void copy_import::on_budget(absl::Status status) {
     });
     return;
   }
-  copied->on_complete([self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+  copied->on_complete(
+      [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
 }
 
 void copy_import::on_copied(absl::Status status) {

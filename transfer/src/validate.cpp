@@ -254,9 +254,9 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
   if (options.consumer_stream && *options.consumer_stream != stream_no_sync) {
     const std::int64_t c = *options.consumer_stream;
     if (plan.target.kind != device_kind::cuda) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "consumer_stream ", c, " was given for target ", plan.target.name(),
-          ", which has no streams; it applies to GPU targets only"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("consumer_stream ", c, " was given for target ", plan.target.name(),
+                       ", which has no streams; it applies to GPU targets only"));
     }
     if (c == 0 || c < stream_no_sync) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -560,14 +560,14 @@ absl::StatusOr<std::unique_ptr<cuda_backend>> cuda_backend::create(std::shared_p
   // The last reference may drop inside a reactor callback (a pipeline that
   // outlives the runtime by a moment): then the context, which joins the
   // reactor thread, is destroyed on a thread of its own.
-  std::shared_ptr<cuda_context> context(
-      new cuda_context(std::move(api), options, count), [](cuda_context* c) {
-        if (c->on_reactor_thread()) {
-          std::thread([c] { delete c; }).detach();
-        } else {
-          delete c;
-        }
-      });
+  std::shared_ptr<cuda_context> context(new cuda_context(std::move(api), options, count),
+                                        [](cuda_context* c) {
+                                          if (c->on_reactor_thread()) {
+                                            std::thread([c] { delete c; }).detach();
+                                          } else {
+                                            delete c;
+                                          }
+                                        });
   if (absl::Status s = context->start(); !s.ok()) return s;
   return std::unique_ptr<cuda_backend>(new cuda_backend(std::move(context), pool));
 }
