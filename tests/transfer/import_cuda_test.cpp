@@ -292,6 +292,90 @@ TEST_CASE("cancelling mid-pipeline stops the upload and releases everything",
   CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
 }
 
+TEST_CASE("1,000 concurrent GPU imports from several threads each complete once",
+          "[cuda][import][load]") {
+  sim_runtime r = make_sim_runtime({}, 4, 16 << 10);
+  constexpr int threads = 4;
+  constexpr int per_thread = 250;
+  std::vector<float> host(6000);
+  std::iota(host.begin(), host.end(), 0.0f);
+  std::vector<float> back(6000);
+  testing::device_memory mem(*r.sim, 1, host.data(), host.size() * 4);
+  auto counts = std::make_unique<deleter_count[]>(threads * per_thread);
+  std::atomic<int> ok{0};
+  std::atomic<int> done{0};
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  std::vector<std::thread> starters;
+  for (int t = 0; t < threads; ++t) {
+    starters.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) {
+        const int n = t * per_thread + i;
+        tensor_spec s;
+        s.shape = {6000};
+        // Uploads, downloads and device copies, mixed.
+        s.data = n % 3 == 1 ? mem.data : host.data();
+        if (n % 3 == 1) s.device = {device_kind::cuda, 1};
+        import_options o;
+        o.target = n % 3 == 0   ? device{device_kind::cuda, 0}
+                   : n % 3 == 1 ? host_device
+                                : device{device_kind::cuda, 1};
+        managed_tensor source = make_tensor(s, counts[n]);
+        async_import_dlpack(*r.rt, source, o,
+                            asio::bind_executor(io, [&](absl::StatusOr<tensor> result) {
+                              ok += result.ok();
+                              ++done;
+                            }));
+      }
+    });
+  }
+  for (std::thread& s : starters) s.join();
+  CHECK(testing::eventually([&] { return done.load() == threads * per_thread; }));
+  work.reset();
+  runner.join();
+  CHECK(ok == threads * per_thread);
+  int once = 0;
+  for (int n = 0; n < threads * per_thread; ++n) once += counts[n].calls == 1;
+  CHECK(once == threads * per_thread);
+}
+
+TEST_CASE("shutting down with GPU transfers in flight releases every tensor once",
+          "[cuda][import][shutdown]") {
+  cuda::sim_options so;
+  so.host_to_device_gbps = 0.5;  // slow enough that transfers are in flight
+  std::shared_ptr<cuda::sim_api> sim;
+  std::vector<std::unique_ptr<deleter_count>> counts;
+  std::vector<float> host(1 << 18);  // 1 MiB each
+  asio::io_context io;
+  std::atomic<int> finished{0};
+  std::atomic<int> cancelled{0};
+  {
+    sim_runtime r = make_sim_runtime(so, 4, 64 << 10);
+    sim = r.sim;
+    for (int i = 0; i < 12; ++i) {
+      counts.push_back(std::make_unique<deleter_count>());
+      tensor_spec s;
+      s.shape = {static_cast<std::int64_t>(host.size())};
+      s.data = host.data();
+      managed_tensor source = make_tensor(s, *counts.back());
+      import_options o;
+      o.target = device{device_kind::cuda, i % 2};
+      async_import_dlpack(*r.rt, source, o, asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+        cancelled += t.status().code() == absl::StatusCode::kCancelled;
+        ++finished;
+      }));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }  // the runtime goes: every import is cancelled or finished by now
+  for (const auto& c : counts) CHECK(c->calls == 1);
+  io.run();
+  CHECK(finished == 12);
+  CHECK(cancelled > 0);
+  CHECK(testing::eventually(
+      [&] { return sim->device_bytes_in_use(0) == 0 && sim->device_bytes_in_use(1) == 0; }));
+}
+
 TEST_CASE("a pointer that lives elsewhere than its tensor claims is refused",
           "[cuda][import][locality]") {
   sim_runtime r = make_sim_runtime();
