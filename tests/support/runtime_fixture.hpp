@@ -5,7 +5,10 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <vector>
 
+#include "asio/executor_work_guard.hpp"
+#include "asio/io_context.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/runtime/runtime.hpp"
 
@@ -32,6 +35,29 @@ inline bool eventually(const std::function<bool()>& done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
+}
+
+// Calls start(n, io) for every n in [0, threads * per_thread), from
+// `threads` threads at once; handlers bound to `io` run on a thread of its
+// own. Returns whether `finished()` became true within 30 s; io's thread
+// has stopped by then.
+inline bool start_from_threads(int threads, int per_thread,
+                               const std::function<void(int, asio::io_context&)>& start,
+                               const std::function<bool()>& finished) {
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  std::vector<std::thread> starters;
+  for (int t = 0; t < threads; ++t) {
+    starters.emplace_back([&, t] {
+      for (int i = 0; i < per_thread; ++i) start(t * per_thread + i, io);
+    });
+  }
+  for (std::thread& s : starters) s.join();
+  const bool done = eventually(finished);
+  work.reset();
+  runner.join();
+  return done;
 }
 
 }  // namespace dlasync::testing

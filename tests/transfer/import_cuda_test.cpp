@@ -299,41 +299,29 @@ TEST_CASE("1,000 concurrent GPU imports from several threads each complete once"
   constexpr int per_thread = 250;
   std::vector<float> host(6000);
   std::iota(host.begin(), host.end(), 0.0f);
-  std::vector<float> back(6000);
   testing::device_memory mem(*r.sim, 1, host.data(), host.size() * 4);
   auto counts = std::make_unique<deleter_count[]>(threads * per_thread);
   std::atomic<int> ok{0};
   std::atomic<int> done{0};
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  std::thread runner([&] { io.run(); });
-  std::vector<std::thread> starters;
-  for (int t = 0; t < threads; ++t) {
-    starters.emplace_back([&, t] {
-      for (int i = 0; i < per_thread; ++i) {
-        const int n = t * per_thread + i;
-        tensor_spec s;
-        s.shape = {6000};
-        // Uploads, downloads and device copies, mixed.
-        s.data = n % 3 == 1 ? mem.data : host.data();
-        if (n % 3 == 1) s.device = {device_kind::cuda, 1};
-        import_options o;
-        o.target = n % 3 == 0   ? device{device_kind::cuda, 0}
-                   : n % 3 == 1 ? host_device
-                                : device{device_kind::cuda, 1};
-        managed_tensor source = make_tensor(s, counts[n]);
-        async_import_dlpack(*r.rt, source, o,
-                            asio::bind_executor(io, [&](absl::StatusOr<tensor> result) {
-                              ok += result.ok();
-                              ++done;
-                            }));
-      }
-    });
-  }
-  for (std::thread& s : starters) s.join();
-  CHECK(testing::eventually([&] { return done.load() == threads * per_thread; }));
-  work.reset();
-  runner.join();
+  auto start = [&](int n, asio::io_context& io) {
+    tensor_spec s;
+    s.shape = {6000};
+    // Uploads, downloads and device copies, mixed.
+    s.data = n % 3 == 1 ? mem.data : host.data();
+    if (n % 3 == 1) s.device = {device_kind::cuda, 1};
+    import_options o;
+    o.target = n % 3 == 0   ? device{device_kind::cuda, 0}
+               : n % 3 == 1 ? host_device
+                            : device{device_kind::cuda, 1};
+    managed_tensor source = make_tensor(s, counts[n]);
+    async_import_dlpack(*r.rt, source, o,
+                        asio::bind_executor(io, [&](absl::StatusOr<tensor> result) {
+                          ok += result.ok();
+                          ++done;
+                        }));
+  };
+  CHECK(testing::start_from_threads(threads, per_thread, start,
+                                    [&] { return done.load() == threads * per_thread; }));
   CHECK(ok == threads * per_thread);
   int once = 0;
   for (int n = 0; n < threads * per_thread; ++n) once += counts[n].calls == 1;

@@ -289,33 +289,22 @@ TEST_CASE("10,000 concurrent imports from several threads each complete once",
   std::atomic<int> completed{0};
   std::atomic<int> ok{0};
   std::atomic<int> copies{0};
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  std::thread runner([&] { io.run(); });
-  std::vector<std::thread> starters;
-  for (int t = 0; t < threads; ++t) {
-    starters.emplace_back([&, t] {
-      for (int i = 0; i < per_thread; ++i) {
-        const int n = t * per_thread + i;
-        tensor_spec s;
-        s.shape = {8, 8};
-        s.data = data.data();
-        managed_tensor source = make_tensor(s, counts[n]);
-        async_import_dlpack(*rt, source, n % 2 == 0 ? import_options{} : to_second_cpu(),
-                            asio::bind_executor(io, [&](absl::StatusOr<tensor> r) {
-                              if (r.ok() && static_cast<const float*>(r->data())[63] == 63.0f) {
-                                ++ok;
-                                copies += r->is_copy();
-                              }
-                              ++completed;
-                            }));
-      }
-    });
-  }
-  for (std::thread& s : starters) s.join();
-  CHECK(testing::eventually([&] { return completed.load() == total; }));
-  work.reset();
-  runner.join();
+  auto start = [&](int n, asio::io_context& io) {
+    tensor_spec s;
+    s.shape = {8, 8};
+    s.data = data.data();
+    managed_tensor source = make_tensor(s, counts[n]);
+    async_import_dlpack(*rt, source, n % 2 == 0 ? import_options{} : to_second_cpu(),
+                        asio::bind_executor(io, [&](absl::StatusOr<tensor> r) {
+                          if (r.ok() && static_cast<const float*>(r->data())[63] == 63.0f) {
+                            ++ok;
+                            copies += r->is_copy();
+                          }
+                          ++completed;
+                        }));
+  };
+  CHECK(testing::start_from_threads(threads, per_thread, start,
+                                    [&] { return completed.load() == total; }));
   CHECK(ok == total);
   CHECK(copies == total / 2);
   int exactly_once = 0;
