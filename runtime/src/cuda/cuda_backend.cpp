@@ -628,27 +628,14 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
 
   // Reads of a device source follow the producer's stream, on the device.
   if (source_on_device && job.producer_stream != no_producer_stream) {
-    marker_ptr failed;
-    context_->on_device(source_device, [&] {
-      absl::StatusOr<cuda::event_t> e = context_->take_event(source_device);
-      if (!e.ok()) {
-        failed = done_marker(e.status());
-        return 0;
-      }
-      const auto producer = reinterpret_cast<cuda::stream_t>(job.producer_stream);
-      error err = api.event_record(*e, producer);
-      if (err == error::success) err = api.stream_wait_event(stream, *e);
-      context_->give_event(source_device, *e);
-      if (err != error::success)
-        failed =
-            done_marker(cuda::to_status(err, "cudaEventRecord/cudaStreamWaitEvent", source_device));
-      return 0;
-    });
-    if (failed) return failed;
+    const auto producer = reinterpret_cast<cuda::stream_t>(job.producer_stream);
+    if (absl::Status st = context_->order_after(source_device, stream, producer); !st.ok()) {
+      return done_marker(st);
+    }
   }
 
-  if (strided_copy(job.layout).bytes() == 0) return record(s);
   const std::uint64_t bytes = strided_copy(job.layout).bytes();
+  if (bytes == 0) return record(s);
   const bool compact = is_compact(job.layout);
 
   // Device-side copies and compact pinned uploads: one operation.
