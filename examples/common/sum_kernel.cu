@@ -1,0 +1,45 @@
+#include <cuda_runtime.h>
+
+#include "sum_kernel.hpp"
+
+namespace dlasync::examples {
+namespace {
+
+// One block: request-sized tensors do not need a grid, and one block keeps
+// the sum's order, and so its rounding, the same from run to run.
+constexpr int threads = 512;
+
+template <typename T>
+__global__ void sum_kernel(const T* data, long long count, double* out) {
+  __shared__ double partial[threads];
+  double acc = 0;
+  for (long long i = threadIdx.x; i < count; i += threads) acc += static_cast<double>(data[i]);
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int width = threads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = partial[0];
+}
+
+template <typename T>
+int launch(const void* data, long long count, double* out, void* stream) {
+  sum_kernel<T><<<1, threads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(data),
+                                                                      count, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int launch_sum_kernel(const void* data, std::uint8_t code, std::uint8_t bits, std::int64_t count,
+                      double* out, void* stream) {
+  if (code == 2 && bits == 32) return launch<float>(data, count, out, stream);
+  if (code == 2 && bits == 64) return launch<double>(data, count, out, stream);
+  if (code == 0 && bits == 32) return launch<int>(data, count, out, stream);
+  if (code == 0 && bits == 64) return launch<long long>(data, count, out, stream);
+  if (code == 1 && bits == 8) return launch<unsigned char>(data, count, out, stream);
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace dlasync::examples

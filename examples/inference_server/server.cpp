@@ -1,0 +1,369 @@
+// dlasync_server: a TCP inference server.
+//
+// Each connection sends request frames (frame.hpp): a tensor's dtype, shape,
+// strides and payload. The server wraps the received payload as a DLPack
+// tensor, `co_await`s its import onto the configured device (a GPU when there
+// is one, real or simulated, else the host), sums its elements there and
+// replies with the sum. Connections are served concurrently; the requests of
+// one connection in order. A malformed frame gets an error response naming
+// the problem and the connection goes on with the next frame; only a wrong
+// magic, after which the next frame cannot be found, closes the connection.
+// Received frames are bounded by a memory budget: a request waits for room,
+// and one larger than the whole budget is refused.
+#include <unistd.h>
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/experimental/as_tuple.hpp"
+#include "asio/ip/tcp.hpp"
+#include "asio/read.hpp"
+#include "asio/signal_set.hpp"
+#include "asio/steady_timer.hpp"
+#include "asio/strand.hpp"
+#include "asio/use_awaitable.hpp"
+#include "asio/write.hpp"
+#include "common/awaitables.hpp"
+#include "common/device_sum.hpp"
+#include "common/flags.hpp"
+#include "common/owned_tensor.hpp"
+#include "common/target.hpp"
+#include "dlasync/dlasync.hpp"
+#include "frame.hpp"
+
+ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on.");
+ABSL_FLAG(int, port, 5555, "TCP port; 0 picks a free one (see --port_file).");
+ABSL_FLAG(std::string, port_file, "", "Write the port listened on to this file once listening.");
+ABSL_FLAG(std::string, device, "auto",
+          "Where tensors are imported and summed: auto (the first GPU when there is one, else "
+          "the host), cpu, or cuda:N.");
+ABSL_FLAG(int, sim_gpus, 0, "Use this many simulated GPUs instead of real ones.");
+ABSL_FLAG(int, max_frame_mib, 64, "Largest request body accepted, in MiB.");
+ABSL_FLAG(int, memory_budget_mib, 256,
+          "Bytes that received requests may hold at once, in MiB (their copies on the device "
+          "are bounded by the same amount).");
+ABSL_FLAG(int, threads, 2, "Threads running the server's and dlasync's executor.");
+ABSL_FLAG(double, seconds, 0, "Stop after this many seconds (0: run until SIGINT or SIGTERM).");
+
+namespace dlasync::examples {
+namespace {
+
+using asio::ip::tcp;
+constexpr auto as_tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
+
+struct server_stats {
+  std::atomic<std::uint64_t> connections{0};
+  std::atomic<std::uint64_t> answered_ok{0};
+  std::atomic<std::uint64_t> answered_error{0};
+  std::atomic<std::uint64_t> closed_unframed{0};
+  std::atomic<std::uint64_t> bytes_received{0};
+  std::mutex mutex;
+  std::map<std::string, std::uint64_t> errors_by_code;
+
+  void count_error(absl::StatusCode code) {
+    answered_error.fetch_add(1);
+    std::lock_guard lock(mutex);
+    ++errors_by_code[absl::StatusCodeToString(code)];
+  }
+};
+
+// Resident set size of this process in MiB, from /proc.
+double rss_mib() {
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t pages = 0;
+  std::uint64_t resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+class server {
+ public:
+  server(runtime& rt, device_sum& compute, device target, std::uint32_t max_body,
+         std::uint64_t budget)
+      : rt_(rt),
+        compute_(compute),
+        target_(target),
+        max_body_(max_body),
+        budget_(std::make_shared<memory_budget>(budget)) {}
+
+  server_stats& stats() { return stats_; }
+
+  asio::awaitable<void> accept_loop(tcp::acceptor& acceptor) {
+    for (;;) {
+      auto [ec, socket] =
+          co_await acceptor.async_accept(asio::make_strand(rt_.get_executor()), as_tuple_awaitable);
+      if (ec) break;
+      stats_.connections.fetch_add(1);
+      auto shared = std::make_shared<tcp::socket>(std::move(socket));
+      const std::uint64_t id = track(shared);
+      asio::co_spawn(shared->get_executor(), session(shared, id), asio::detached);
+    }
+  }
+
+  // Closes every connection (on its own strand) and waits until all ended.
+  void close_all() {
+    std::unique_lock lock(mutex_);
+    for (auto& [id, weak] : sessions_) {
+      if (auto s = weak.lock()) {
+        asio::post(s->get_executor(), [s] {
+          asio::error_code ignored;
+          s->shutdown(tcp::socket::shutdown_both, ignored);
+          s->close(ignored);
+        });
+      }
+    }
+    sessions_done_.wait(lock, [&] { return sessions_.empty(); });
+  }
+
+ private:
+  std::uint64_t track(const std::shared_ptr<tcp::socket>& s) {
+    std::lock_guard lock(mutex_);
+    sessions_.emplace(++next_session_, s);
+    return next_session_;
+  }
+
+  void untrack(std::uint64_t id) {
+    std::lock_guard lock(mutex_);
+    sessions_.erase(id);
+    if (sessions_.empty()) sessions_done_.notify_all();
+  }
+
+  asio::awaitable<void> session(std::shared_ptr<tcp::socket> socket, std::uint64_t id) {
+    co_await serve(*socket);
+    asio::error_code ignored;
+    socket->close(ignored);
+    untrack(id);
+  }
+
+  asio::awaitable<bool> reply(tcp::socket& socket, const response& r) {
+    if (r.code == absl::StatusCode::kOk) {
+      stats_.answered_ok.fetch_add(1);
+    } else {
+      stats_.count_error(r.code);
+    }
+    const std::vector<std::byte> frame = encode_response(r);
+    auto [ec, n] = co_await asio::async_write(socket, asio::buffer(frame), as_tuple_awaitable);
+    co_return !ec;
+  }
+
+  // Reads and drops `bytes` bytes: what is left of a frame that is refused.
+  asio::awaitable<bool> discard(tcp::socket& socket, std::uint64_t bytes) {
+    std::array<std::byte, 64 * 1024> scratch;
+    while (bytes > 0) {
+      const std::size_t n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(bytes, scratch.size()));
+      auto [ec, got] =
+          co_await asio::async_read(socket, asio::buffer(scratch.data(), n), as_tuple_awaitable);
+      if (ec) co_return false;
+      bytes -= got;
+    }
+    co_return true;
+  }
+
+  asio::awaitable<void> serve(tcp::socket& socket) {
+    for (;;) {
+      std::array<std::byte, frame_header_bytes> header;
+      auto [ec, n] = co_await asio::async_read(socket, asio::buffer(header), as_tuple_awaitable);
+      if (ec) co_return;  // closed between frames, or cut off in a header
+      absl::StatusOr<std::uint32_t> body_length =
+          read_frame_header(header, request_magic, max_body_);
+      // GCC 12 mishandles temporaries in co_await expressions inside
+      // conditions: each response is a named variable, each co_await its own
+      // statement.
+      if (!body_length.ok()) {
+        const bool framed = body_length.status().code() == absl::StatusCode::kOutOfRange;
+        if (!framed) stats_.closed_unframed.fetch_add(1);
+        const response refusal{0, body_length.status().code(), 0, 0,
+                               std::string(body_length.status().message())};
+        const bool sent = co_await reply(socket, refusal);
+        if (!sent || !framed) co_return;
+        // The body length was read: skip the body and go on.
+        std::uint32_t skip;
+        std::memcpy(&skip, header.data() + 4, sizeof skip);
+        const bool skipped = co_await discard(socket, skip);
+        if (!skipped) co_return;
+        continue;
+      }
+      const absl::Status granted = co_await acquire(*budget_, *body_length);
+      if (!granted.ok()) {
+        const response refusal{
+            0, granted.code(), 0, 0,
+            absl::StrCat("request of ", *body_length, " bytes: ", granted.message())};
+        const bool sent = co_await reply(socket, refusal);
+        if (!sent) co_return;
+        const bool skipped = co_await discard(socket, *body_length);
+        if (!skipped) co_return;
+        continue;
+      }
+      // The body returns its bytes to the budget when the last user drops it:
+      // this coroutine, or the imported tensor that views it.
+      std::shared_ptr<std::byte[]> body(new std::byte[*body_length],
+                                        [budget = budget_, bytes = *body_length](std::byte* p) {
+                                          delete[] p;
+                                          budget->release(bytes);
+                                        });
+      auto [read_ec, got] = co_await asio::async_read(
+          socket, asio::buffer(body.get(), *body_length), as_tuple_awaitable);
+      if (read_ec) co_return;  // cut off mid-frame: nothing to answer
+      stats_.bytes_received.fetch_add(frame_header_bytes + *body_length);
+      const response r = co_await handle(std::move(body), *body_length);
+      const bool sent = co_await reply(socket, r);
+      if (!sent) co_return;
+    }
+  }
+
+  // The handler proper: parse, import onto the device, sum there.
+  asio::awaitable<response> handle(std::shared_ptr<std::byte[]> body, std::uint32_t length) {
+    const std::span<const std::byte> bytes(body.get(), length);
+    absl::StatusOr<request> req = parse_request(bytes);
+    if (!req.ok()) {
+      co_return response{peek_request_id(bytes), req.status().code(), 0, 0,
+                         std::string(req.status().message())};
+    }
+    void* payload = body.get() + req->payload_offset;
+    managed_tensor source =
+        make_managed(std::move(body), payload, req->type, req->shape, req->strides, host_device);
+
+    import_options options;
+    options.target = target_;
+    options.require_contiguous = true;
+    options.consumer_stream = compute_.stream_for(target_);
+    absl::StatusOr<tensor> t = co_await import_dlpack(rt_, source, options);
+    if (!t.ok())
+      co_return response{req->id, t.status().code(), 0, 0, std::string(t.status().message())};
+    absl::StatusOr<double> sum = co_await compute_.sum(*t, options.consumer_stream);
+    if (!sum.ok()) {
+      co_return response{req->id, sum.status().code(), 0, 0, std::string(sum.status().message())};
+    }
+    co_return response{req->id, absl::StatusCode::kOk, *sum, t->element_count(), target_.name()};
+  }
+
+  runtime& rt_;
+  device_sum& compute_;
+  const device target_;
+  const std::uint32_t max_body_;
+  std::shared_ptr<memory_budget> budget_;
+  server_stats stats_;
+  std::mutex mutex_;
+  std::condition_variable sessions_done_;
+  std::map<std::uint64_t, std::weak_ptr<tcp::socket>> sessions_;
+  std::uint64_t next_session_ = 0;
+};
+
+int run() {
+  const std::uint64_t budget =
+      static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_memory_budget_mib))) << 20;
+  runtime_options ro;
+  ro.executor_threads = std::max(1, absl::GetFlag(FLAGS_threads));
+  ro.copy_memory_budget = budget;
+  if (absl::GetFlag(FLAGS_sim_gpus) > 0)
+    ro.cuda = absl::StrCat("sim:", absl::GetFlag(FLAGS_sim_gpus));
+  absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(ro);
+  if (!created.ok()) {
+    std::fprintf(stderr, "dlasync_server: %s\n", created.status().ToString().c_str());
+    return 2;
+  }
+  runtime& rt = **created;
+  absl::StatusOr<device> target = choose_target(rt, absl::GetFlag(FLAGS_device));
+  if (!target.ok()) {
+    std::fprintf(stderr, "dlasync_server: %s\n", std::string(target.status().message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<std::unique_ptr<device_sum>> compute = device_sum::create(rt);
+  if (!compute.ok()) {
+    std::fprintf(stderr, "dlasync_server: %s\n", compute.status().ToString().c_str());
+    return 2;
+  }
+  const auto max_body = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+      static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_max_frame_mib))) << 20,
+      std::numeric_limits<std::uint32_t>::max()));
+  const double rss_start = rss_mib();
+  server srv(rt, **compute, *target, max_body, budget);
+
+  asio::error_code ec;
+  tcp::acceptor acceptor(rt.get_executor());
+  const tcp::endpoint endpoint(asio::ip::make_address(absl::GetFlag(FLAGS_address), ec),
+                               static_cast<unsigned short>(absl::GetFlag(FLAGS_port)));
+  if (!ec) acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::fprintf(stderr, "dlasync_server: cannot listen on %s:%d: %s\n",
+                 absl::GetFlag(FLAGS_address).c_str(), absl::GetFlag(FLAGS_port),
+                 ec.message().c_str());
+    return 2;
+  }
+  const unsigned short port = acceptor.local_endpoint().port();
+  std::printf("dlasync server listening on %s:%u, computing on %s\n",
+              absl::GetFlag(FLAGS_address).c_str(), port, device_label(rt, *target).c_str());
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::ofstream(absl::GetFlag(FLAGS_port_file)) << port << "\n";
+  }
+
+  std::promise<void> stop;
+  std::once_flag stopping;
+  auto request_stop = [&] { std::call_once(stopping, [&] { stop.set_value(); }); };
+  asio::signal_set signals(rt.get_executor(), SIGINT, SIGTERM);
+  signals.async_wait([&](const asio::error_code& e, int) {
+    if (!e) request_stop();
+  });
+  asio::steady_timer deadline(rt.get_executor());
+  if (absl::GetFlag(FLAGS_seconds) > 0) {
+    deadline.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(
+        std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds))));
+    deadline.async_wait([&](const asio::error_code& e) {
+      if (!e) request_stop();
+    });
+  }
+  asio::co_spawn(rt.get_executor(), srv.accept_loop(acceptor), asio::detached);
+  stop.get_future().wait();
+
+  asio::post(rt.get_executor(), [&] {
+    asio::error_code ignored;
+    acceptor.close(ignored);
+    signals.cancel(ignored);
+    deadline.cancel();
+  });
+  srv.close_all();
+  rt.shutdown();
+  const server_stats& s = srv.stats();
+  std::printf(
+      "dlasync server stopped: %llu connections, %llu requests answered OK, %llu with an "
+      "error, %llu connections closed for lost framing, %.1f MiB received; RSS %.1f MiB at "
+      "start, %.1f MiB at the end\n",
+      static_cast<unsigned long long>(s.connections.load()),
+      static_cast<unsigned long long>(s.answered_ok.load()),
+      static_cast<unsigned long long>(s.answered_error.load()),
+      static_cast<unsigned long long>(s.closed_unframed.load()),
+      static_cast<double>(s.bytes_received.load()) / (1 << 20), rss_start, rss_mib());
+  for (const auto& [code, count] : srv.stats().errors_by_code) {
+    std::printf("  errors %s: %llu\n", code.c_str(), static_cast<unsigned long long>(count));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace dlasync::examples
+
+int main(int argc, char** argv) {
+  dlasync::examples::parse_flags(
+      argc, argv,
+      "Serves tensor requests over TCP: imports each received tensor onto the device with "
+      "dlasync and replies with the sum of its elements.\n\n"
+      "  dlasync_server [--port=5555] [--device=auto|cpu|cuda:N] [--sim_gpus=N] ...");
+  return dlasync::examples::run();
+}

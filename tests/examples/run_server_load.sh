@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Starts the inference server, drives it with the load client (valid and
+# malformed frames from many connections), stops it with SIGTERM, and checks
+# both reports and exit statuses.
+#   run_server_load.sh SERVER CLIENT [server flags...]
+set -uo pipefail
+server=$1
+client=$2
+shift 2
+dir=$(mktemp -d)
+server_pid=""
+cleanup() {
+  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAILED: $*"
+  echo "--- server output:"
+  cat "$dir/server.out"
+  exit 1
+}
+
+"$server" --port=0 --port_file="$dir/port" --max_frame_mib=1 --memory_budget_mib=8 "$@" \
+  >"$dir/server.out" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 300); do
+  [ -s "$dir/port" ] && break
+  kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
+  sleep 0.1
+done
+[ -s "$dir/port" ] || fail "the server did not start listening"
+port=$(cat "$dir/port")
+
+"$client" --port="$port" --connections=16 --seconds=3 --malformed=0.3 \
+  --server_max_frame_mib=1 --max_elements=20000 >"$dir/client.out" 2>&1
+client_status=$?
+cat "$dir/client.out"
+[ "$client_status" -eq 0 ] || fail "the client exited with $client_status"
+grep -q '^  wrong or missing answers: 0$' "$dir/client.out" || fail "wrong answers"
+valid=$(sed -n 's/^  valid requests answered correctly: \([0-9]*\).*/\1/p' "$dir/client.out")
+malformed=$(sed -n 's/^  malformed frames answered as expected: \([0-9]*\).*/\1/p' "$dir/client.out")
+[ "${valid:-0}" -gt 0 ] || fail "no valid request answered"
+[ "${malformed:-0}" -gt 0 ] || fail "no malformed frame answered"
+
+# The server is still healthy: one more short run on a fresh connection.
+"$client" --port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 \
+  || fail "the server does not serve after the malformed frames: $(cat "$dir/again.out")"
+
+kill -TERM "$server_pid"
+wait "$server_pid"
+server_status=$?
+server_pid=""
+cat "$dir/server.out"
+[ "$server_status" -eq 0 ] || fail "the server exited with $server_status"
+ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
+[ "${ok:-0}" -ge "$valid" ] || fail "the server answered $ok OK, the client counted $valid"
+grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"
+grep -q 'errors OUT_OF_RANGE: [1-9]' "$dir/server.out" || fail "no OutOfRange answers"
+echo "server OK"
