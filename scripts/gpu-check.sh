@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, in one call of a few minutes on a machine with a GPU:
-# builds for sm_90, runs the [gpu] tests and the GPU benchmarks, and prints
-# the benchmark's ratio table last. Dependencies come from the system or
+# builds for sm_90, runs the [gpu] tests, the examples on the GPU (the
+# pipeline, and the server under the load client) and the GPU benchmarks, and
+# prints the benchmark's ratio table last. Dependencies come from the system or
 # from .gpu-deps (scripts/fetch-gpu-deps.sh, carried along).
 #
 #   scripts/gpu-check.sh [max bytes, default 1 GiB]
@@ -21,12 +22,17 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DDLASYNC_WITH_CUDA=ON \
-  -DDLASYNC_BUILD_TESTS=ON -DDLASYNC_BUILD_BENCH=ON -DDLASYNC_BUILD_EXAMPLES=OFF "${args[@]}"
-cmake --build build-gpu --parallel "$(nproc)" --target dlasync_gpu_tests dlasync_bench_gpu
+  -DDLASYNC_BUILD_TESTS=ON -DDLASYNC_BUILD_BENCH=ON -DDLASYNC_BUILD_EXAMPLES=ON "${args[@]}"
+cmake --build build-gpu --parallel "$(nproc)" --target dlasync_gpu_tests dlasync_bench_gpu \
+  dlasync_pipeline dlasync_server dlasync_load
 
 status=0
 echo "== [gpu] tests"
 timeout 120 build-gpu/tests/dlasync_gpu_tests || status=$?
+echo "== examples on the GPU"
+timeout 60 build-gpu/examples/dlasync_pipeline --seconds=5 --progress=false || status=$?
+timeout 60 bash tests/examples/run_server_load.sh build-gpu/examples/dlasync_server \
+  build-gpu/examples/dlasync_load || status=$?
 echo "== GPU benchmarks (up to $max_bytes bytes)"
 DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=$max_bytes timeout 240 \
   build-gpu/bench/dlasync_bench_gpu --benchmark_min_time=0.05 > build-gpu/bench-gpu.log 2>&1 ||
