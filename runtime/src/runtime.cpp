@@ -112,7 +112,12 @@ runtime::~runtime() {
 }
 
 backend& runtime::backend_for(device d) noexcept {
-  return d.kind == device_kind::cuda && cuda_ ? *cuda_ : *host_;
+  const bool gpu = d.kind == device_kind::cuda || d.kind == device_kind::cuda_managed;
+  return gpu && cuda_ ? *cuda_ : *host_;
+}
+
+backend& runtime::stream_backend(device d) noexcept {
+  return d.kind == device_kind::cuda_host && cuda_ ? *cuda_ : backend_for(d);
 }
 
 backend& runtime::copy_backend(device source, device target) noexcept {
@@ -120,11 +125,17 @@ backend& runtime::copy_backend(device source, device target) noexcept {
 }
 
 device runtime::copy_device(device source, device target) noexcept {
-  return target.kind != device_kind::cuda && source.kind == device_kind::cuda ? source : target;
+  if (target.kind == device_kind::cuda) return target;
+  // From GPU or managed memory to the host: the source GPU's streams.
+  if (source.kind == device_kind::cuda || source.kind == device_kind::cuda_managed) {
+    return {device_kind::cuda, source.ordinal};
+  }
+  return target;
 }
 
 absl::Status runtime::check_location(const void* pointer, device claimed) const {
-  if (claimed.kind != device_kind::cuda || !cuda_) return absl::OkStatus();
+  const bool gpu = claimed.kind == device_kind::cuda || claimed.kind == device_kind::cuda_managed;
+  if (!gpu || !cuda_) return absl::OkStatus();
   const std::optional<device> actual = cuda_->device_of(pointer);
   if (actual == claimed) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(

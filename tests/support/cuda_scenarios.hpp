@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -263,6 +264,110 @@ inline void scenario_producer_stream(
   }
   finish_stream(api, device_ordinal, producer);
   api.stream_destroy(producer);
+}
+
+// Managed memory of GPU `device_ordinal`: viewed in place on that GPU and as
+// itself, copied to the host and to GPU `other`, compacted when strided, and
+// refused where a copy would have to land in it or where the pointer is not
+// managed memory.
+inline void scenario_managed(runtime& rt, int device_ordinal, int other) {
+  cuda::api& api = *rt.cuda();
+  REQUIRE(api.set_device(device_ordinal) == cuda::error::success);
+  void* managed = nullptr;
+  REQUIRE(api.malloc_managed(&managed, 4096 * sizeof(float)) == cuda::error::success);
+  auto* values = static_cast<float*>(managed);
+  std::iota(values, values + 4096, 0.0f);
+  const device where{device_kind::cuda_managed, device_ordinal};
+
+  for (const std::optional<device> target :
+       {std::optional<device>(device{device_kind::cuda, device_ordinal}),
+        std::optional<device>()}) {
+    INFO("view on " << (target ? target->name() : where.name()));
+    tensor_spec s;
+    s.device = where;
+    s.shape = {4096};
+    s.data = managed;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.target = target;
+    absl::StatusOr<tensor> t = import_now(rt, source, o);
+    REQUIRE(t.ok());
+    CHECK(t->is_view());
+    CHECK(t->data() == managed);
+    CHECK(t->device() == target.value_or(where));
+    t = absl::UnknownError("dropped");
+    CHECK(count.calls == 1);
+  }
+  {
+    INFO("a copy to the host");
+    tensor_spec s;
+    s.device = where;
+    s.shape = {64, 64};
+    s.data = managed;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.target = host_device;
+    absl::StatusOr<tensor> t = import_now(rt, source, o);
+    REQUIRE(t.ok());
+    CHECK(t->is_copy());
+    CHECK(std::memcmp(t->data(), managed, 4096 * sizeof(float)) == 0);
+    CHECK(count.calls == 1);
+  }
+  {
+    INFO("a strided copy to the other GPU, compacted");
+    tensor_spec s;
+    s.device = where;
+    s.shape = {2048};
+    s.strides = std::vector<std::int64_t>{2};
+    s.data = managed;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.target = device{device_kind::cuda, other};
+    o.require_contiguous = true;
+    absl::StatusOr<tensor> t = import_now(rt, source, o);
+    REQUIRE(t.ok());
+    CHECK(t->is_copy());
+    const std::vector<std::uint8_t> bytes = read_back(api, *t);
+    std::vector<float> expected(2048);
+    for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<float>(2 * i);
+    REQUIRE(bytes.size() == expected.size() * sizeof(float));
+    CHECK(std::memcmp(bytes.data(), expected.data(), bytes.size()) == 0);
+    CHECK(eventually([&] { return count.calls == 1; }));
+  }
+  {
+    INFO("copy=true without a target would place a copy in managed memory");
+    tensor_spec s;
+    s.device = where;
+    s.shape = {16};
+    s.data = managed;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.copy = true;
+    require_status(import_now(rt, source, o).status(), absl::StatusCode::kUnimplemented,
+                   {"cuda_managed", "pass a target"});
+    CHECK(count.calls == 0);
+    CHECK_FALSE(source.empty());
+  }
+  {
+    INFO("device memory that claims to be managed");
+    std::vector<float> host(16, 1.0f);
+    device_memory mem(api, device_ordinal, host.data(), 64);
+    tensor_spec s;
+    s.device = where;
+    s.shape = {16};
+    s.data = mem.data;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_now(rt, source, {}).status(), absl::StatusCode::kFailedPrecondition,
+                   {where.name().c_str(), "cuda:"});
+    CHECK(count.calls == 0);
+  }
+  api.set_device(device_ordinal);
+  REQUIRE(api.free_managed(managed) == cuda::error::success);
 }
 
 }  // namespace dlasync::testing

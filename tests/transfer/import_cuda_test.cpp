@@ -54,7 +54,8 @@ TEST_CASE("simulated GPUs are served and named as simulated", "[cuda][import]") 
   sim_runtime r = make_sim_runtime();
   CHECK(r.rt->registry().served_list().find("cuda (cuda (simulated) backend, 2 devices)") !=
         std::string::npos);
-  CHECK(r.rt->registry().addressable_list() == "cpu:0, cuda:0, cuda:1, cuda_host:0");
+  CHECK(r.rt->registry().addressable_list() ==
+        "cpu:0, cuda:0, cuda:1, cuda_host:0, cuda_managed:0, cuda_managed:1");
 }
 
 TEST_CASE("host tensors reach a GPU through pinned staging, never pageable copies",
@@ -72,6 +73,49 @@ TEST_CASE("GPU tensors come back to the host, strided ones compacted first", "[c
 TEST_CASE("GPU tensors are viewed, copied, compacted and moved between GPUs", "[cuda][import]") {
   sim_runtime r = make_sim_runtime();
   testing::scenario_gpu_to_gpu(*r.rt, 0, 1);
+}
+
+TEST_CASE("managed memory is viewed in place on its GPU and copied elsewhere",
+          "[cuda][import][managed]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_managed(*r.rt, 0, 1);
+  testing::scenario_managed(*r.rt, 1, 0);
+}
+
+TEST_CASE("pinned sources follow the producer's stream, as views and as host copies",
+          "[cuda][import][stream]") {
+  sim_runtime r = make_sim_runtime();
+  void* pinned = nullptr;
+  REQUIRE(r.sim->malloc_host(&pinned, 1024 * sizeof(float)) == cuda::error::success);
+  cuda::stream_t producer = nullptr;
+  r.sim->set_device(0);
+  REQUIRE(r.sim->stream_create(&producer) == cuda::error::success);
+  for (const bool view : {true, false}) {
+    INFO((view ? "a view" : "a copy (copy=true) to cpu:0, by the host backend"));
+    std::fill_n(static_cast<float*>(pinned), 1024, -1.0f);
+    std::vector<float> fresh(1024);
+    std::iota(fresh.begin(), fresh.end(), view ? 0.0f : 100.0f);
+    sim_delayed_write(*r.sim, producer, pinned, fresh);
+    tensor_spec s;
+    s.device = {device_kind::cuda_host, 0};
+    s.shape = {1024};
+    s.data = pinned;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.stream = reinterpret_cast<std::int64_t>(producer);
+    if (!view) {
+      o.target = host_device;
+      o.copy = true;
+    }
+    absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
+    REQUIRE(t.ok());
+    CHECK(t->is_view() == view);
+    CHECK(std::memcmp(t->data(), fresh.data(), 1024 * sizeof(float)) == 0);
+  }
+  testing::finish_stream(*r.sim, 0, producer);
+  r.sim->stream_destroy(producer);
+  REQUIRE(r.sim->free_host(pinned) == cuda::error::success);
 }
 
 TEST_CASE("an import follows the producer's stream without blocking on it",

@@ -41,6 +41,11 @@ TEST_CASE("GPU: GPU tensors are viewed, copied, compacted and moved", "[gpu]") {
   testing::scenario_gpu_to_gpu(*rt, 0, gpu_count() > 1 ? 1 : 0);
 }
 
+TEST_CASE("GPU: managed memory is viewed in place and copied out", "[gpu]") {
+  std::unique_ptr<runtime> rt = real_runtime();
+  testing::scenario_managed(*rt, 0, gpu_count() > 1 ? 1 : 0);
+}
+
 TEST_CASE("GPU: an import follows the producer's stream", "[gpu]") {
   std::unique_ptr<runtime> rt = real_runtime();
   cuda::api& api = *rt->cuda();

@@ -88,7 +88,7 @@ void copy_import::start() {
     // A view of GPU memory still being written: hand it out when the
     // producer's stream has reached this point.
     const marker_ptr produced =
-        rt_.backend_for(plan_.source).record_producer(plan_.source, plan_.producer_stream);
+        rt_.stream_backend(plan_.source).record_producer(plan_.source, plan_.producer_stream);
     if (plan_.consumer_stream != -1 &&
         rt_.backend_for(plan_.target)
             .order_consumer(plan_.target, plan_.consumer_stream, produced)
@@ -174,7 +174,28 @@ void copy_import::on_budget(absl::Status status) {
   job.layout = source_layout(*source_.dl_tensor(), plan_);
   job.producer_stream = plan_.producer_stream;
   job.control = control_;
-  const marker_ptr copied = copier.enqueue_copy(stream, std::move(job));
+  backend& follower = rt_.stream_backend(plan_.source);
+  if (plan_.producer_stream != -1 && &copier != &follower) {
+    // A copier that cannot follow the producer's stream (the host backend
+    // copying out of pinned memory) starts when the stream reaches this point.
+    job.producer_stream = no_producer_stream;
+    follower.record_producer(plan_.source, plan_.producer_stream)
+        ->on_complete(
+            [self = shared_from_this(), stream, job = std::move(job)](absl::Status s) mutable {
+              if (!s.ok()) {
+                self->buffer_.reset();
+                return self->finish(std::move(s));
+              }
+              self->enqueue(stream, std::move(job));
+            });
+    return;
+  }
+  enqueue(stream, std::move(job));
+}
+
+void copy_import::enqueue(stream_ref stream, copy_job job) {
+  const marker_ptr copied =
+      rt_.copy_backend(plan_.source, plan_.target).enqueue_copy(stream, std::move(job));
   if (plan_.consumer_stream != -1 &&
       rt_.backend_for(plan_.target)
           .order_consumer(plan_.target, plan_.consumer_stream, copied)

@@ -200,9 +200,11 @@ std::string device_pair(const import_plan& p) {
 }
 
 // Both sides name the same memory: pinned host memory is this process's
-// host memory (cpu:0); virtual host devices are distinct.
+// host memory (cpu:0); managed memory of GPU n is read in place on cuda:n;
+// virtual host devices are distinct.
 device memory_space(device d) {
   if (is_host_memory(d.kind)) return d.kind == device_kind::cpu ? d : host_device;
+  if (d.kind == device_kind::cuda_managed) return {device_kind::cuda, d.ordinal};
   return d;
 }
 

@@ -582,7 +582,10 @@ const char* cuda_backend::name() const noexcept {
 }
 
 std::vector<served_devices> cuda_backend::served() const {
-  return {{name(), device_kind::cuda, context_->device_count(), true}};
+  // Managed memory is read in place (views on its GPU) or copied from; the
+  // backend never places copies there.
+  return {{name(), device_kind::cuda, context_->device_count(), true},
+          {name(), device_kind::cuda_managed, context_->device_count(), false}};
 }
 
 int cuda_backend::stream_count(device) const noexcept {
@@ -622,14 +625,18 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
   const int device = s.device.ordinal;
   cuda::stream_t stream = context_->stream(device, s.index);
   cuda::api& api = context_->api();
-  const bool source_on_device = job.source_device.kind == device_kind::cuda;
+  const bool source_on_device = job.source_device.kind == device_kind::cuda ||
+                                job.source_device.kind == device_kind::cuda_managed;
   const bool target_on_device = job.target_device.kind == device_kind::cuda;
   const int source_device = job.source_device.ordinal;
 
-  // Reads of a device source follow the producer's stream, on the device.
-  if (source_on_device && job.producer_stream != no_producer_stream) {
+  // Reads of the source follow the producer's stream, on the device: the
+  // stream of the source's GPU, or for pinned host memory one of the GPU
+  // that copies.
+  if (job.producer_stream != no_producer_stream) {
     const auto producer = reinterpret_cast<cuda::stream_t>(job.producer_stream);
-    if (absl::Status st = context_->order_after(source_device, stream, producer); !st.ok()) {
+    const int producer_device = source_on_device ? source_device : device;
+    if (absl::Status st = context_->order_after(producer_device, stream, producer); !st.ok()) {
       return done_marker(st);
     }
   }

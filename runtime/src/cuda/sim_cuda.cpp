@@ -448,6 +448,38 @@ error sim_api::free_host(void* pointer) {
   return error::success;
 }
 
+error sim_api::malloc_managed(void** pointer, std::size_t bytes) {
+  if (error e = enter("cudaMallocManaged"); e != error::success) return e;
+  const int device = current_device;
+  {
+    std::lock_guard lock(mutex_);
+    std::uint64_t& used = device_used_[static_cast<std::size_t>(device)];
+    if (bytes > options_.memory_per_device - used) return error::memory_allocation;
+    used += bytes;
+  }
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  std::lock_guard lock(mutex_);
+  if (p == nullptr) {
+    device_used_[static_cast<std::size_t>(device)] -= bytes;
+    return error::memory_allocation;
+  }
+  memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, memory_type::managed};
+  *pointer = p;
+  return error::success;
+}
+
+error sim_api::free_managed(void* pointer) {
+  if (error e = enter("cudaFree"); e != error::success) return e;
+  std::lock_guard lock(mutex_);
+  auto it = memory_.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (it == memory_.end() || it->second.type != memory_type::managed) return error::invalid_value;
+  device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.bytes;
+  memory_.erase(it);
+  std::free(pointer);
+  return error::success;
+}
+
 error sim_api::memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
                             stream_t stream_handle) {
   if (error e = enter("cudaMemcpyAsync"); e != error::success) return e;
@@ -460,8 +492,9 @@ error sim_api::memcpy_async(void* dst, const void* src, std::size_t bytes, memcp
     from = locate(src);
     to = locate(dst);
   }
-  const bool from_device = from.type == memory_type::device;
-  const bool to_device = to.type == memory_type::device;
+  // Managed memory counts as device memory, as cudaMemcpyDefault sees it.
+  const bool from_device = from.type == memory_type::device || from.type == memory_type::managed;
+  const bool to_device = to.type == memory_type::device || to.type == memory_type::managed;
   const memcpy_kind actual =
       from_device ? (to_device ? memcpy_kind::device_to_device : memcpy_kind::device_to_host)
                   : (to_device ? memcpy_kind::host_to_device : memcpy_kind::host_to_host);

@@ -108,6 +108,10 @@ class api {
   // Page-locked host memory.
   virtual error malloc_host(void** pointer, std::size_t bytes) = 0;
   virtual error free_host(void* pointer) = 0;
+  // Managed (unified) memory of the current device, readable by the host
+  // and the GPUs (cudaMallocManaged, cudaFree).
+  virtual error malloc_managed(void** pointer, std::size_t bytes) = 0;
+  virtual error free_managed(void* pointer) = 0;
 
   // Asynchronous for page-locked or device memory on both sides; with
   // pageable host memory the caller is held until the copy is staged, as the

@@ -105,6 +105,11 @@ class runtime {
   // The backend serving `d`'s kind; the device must be in the registry.
   backend& backend_for(device d) noexcept;
 
+  // The backend that can follow a producer's stream in memory of `d`: the
+  // CUDA backend for GPU, managed and pinned memory when there is one, else
+  // backend_for(d).
+  backend& stream_backend(device d) noexcept;
+
   // The backend that copies from `source` to `target`: the CUDA backend when
   // either is a GPU, else the host backend.
   backend& copy_backend(device source, device target) noexcept;

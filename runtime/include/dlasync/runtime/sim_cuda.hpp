@@ -96,6 +96,8 @@ class sim_api final : public api {
   error free_async(void* pointer, stream_t stream) override;
   error malloc_host(void** pointer, std::size_t bytes) override;
   error free_host(void* pointer) override;
+  error malloc_managed(void** pointer, std::size_t bytes) override;
+  error free_managed(void* pointer) override;
   error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
                      stream_t stream) override;
   error pointer_get_attributes(pointer_attributes* attributes, const void* pointer) override;

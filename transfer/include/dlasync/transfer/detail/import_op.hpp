@@ -67,6 +67,7 @@ class copy_import : public std::enable_shared_from_this<copy_import> {
 
  private:
   void on_budget(absl::Status status);
+  void enqueue(stream_ref stream, copy_job job);
   void on_copied(absl::Status status);
   void finish(import_result result);
 
