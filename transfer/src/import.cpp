@@ -288,6 +288,7 @@ void batch_import::arrive() {
 
 }  // namespace detail
 
+#if defined(ASIO_HAS_CO_AWAIT)
 asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
                                                       import_options options) {
   detail::import_start start = detail::begin_import(rt, source, options);
@@ -301,5 +302,6 @@ asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
     runtime& rt, std::span<managed_tensor> sources, import_options options) {
   co_return co_await async_import_dlpack_batch(rt, sources, options, asio::use_awaitable);
 }
+#endif
 
 }  // namespace dlasync

@@ -445,7 +445,10 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   }
 
   void gather_and_send(std::size_t k, void* chunk) {
-    const auto [begin, end] = ranges_[k];
+    // Named copies, not a structured binding: lambdas capture them (C++20
+    // allows capturing bindings, clang before 16 does not).
+    const std::int64_t begin = ranges_[k].first;
+    const std::int64_t end = ranges_[k].second;
     ctx_.gathers(1);
     copy_.run(host_src_, chunk, begin, end, copy_.dst_offset(begin));
     ctx_.gathers(-1);
@@ -466,7 +469,10 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   }
 
   void receive(std::size_t k, void* chunk) {
-    const auto [begin, end] = ranges_[k];
+    // Named copies, not a structured binding: lambdas capture them (C++20
+    // allows capturing bindings, clang before 16 does not).
+    const std::int64_t begin = ranges_[k].first;
+    const std::int64_t end = ranges_[k].second;
     cuda::stream_t s = streams_[k % streams_.size()];
     const error err = ctx_.on_device(device_, [&] {
       return ctx_.api().memcpy_async(chunk, device_src_ + begin, bytes_of(begin, end),

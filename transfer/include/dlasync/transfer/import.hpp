@@ -62,10 +62,14 @@
 
 namespace dlasync {
 
+#if defined(ASIO_HAS_CO_AWAIT)
 // Imports `source` onto `options.target`. `source` must stay alive until the
 // awaitable completes. A zero-copy import completes without suspending.
+// (The awaitable forms exist where Asio supports co_await, as with g++ 12;
+// the completion-token forms below work with every C++20 compiler.)
 asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
                                                       import_options options = {});
+#endif
 
 // The same as an Asio initiating function: validation runs at the call, so
 // `source` tells at once whether it was consumed.
@@ -80,8 +84,10 @@ auto async_import_dlpack(runtime& rt, managed_tensor& source, const import_optio
 // completes when all are done with one result per tensor, in order. Each
 // handle follows the ownership rule above on its own: validation runs at the
 // call. Cancelling the batch cancels every member still running.
+#if defined(ASIO_HAS_CO_AWAIT)
 asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
     runtime& rt, std::span<managed_tensor> sources, import_options options = {});
+#endif
 
 // Completion signature: void(std::vector<absl::StatusOr<dlasync::tensor>>).
 template <typename CompletionToken>
