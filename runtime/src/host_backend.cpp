@@ -183,7 +183,7 @@ absl::Status host_backend::order_consumer(device d, std::int64_t, const marker_p
       absl::StrCat(d.name(), " has no streams for a consumer to wait on"));
 }
 
-std::optional<device> host_backend::device_of(const void*) const {
+absl::StatusOr<std::optional<device>> host_backend::device_of(const void*) const {
   // Virtual host devices share one address space: a pointer does not say.
   return std::nullopt;
 }

@@ -41,7 +41,7 @@ class host_backend final : public backend {
   marker_ptr enqueue_copy(stream_ref s, copy_job job) override;
   marker_ptr record(stream_ref s) override;
   absl::Status wait(stream_ref s, marker_ptr m) override;
-  std::optional<device> device_of(const void* pointer) const override;
+  absl::StatusOr<std::optional<device>> device_of(const void* pointer) const override;
   marker_ptr record_producer(device d, std::int64_t producer_stream) override;
   absl::Status order_consumer(device d, std::int64_t consumer_stream, const marker_ptr& m) override;
 

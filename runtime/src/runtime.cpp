@@ -136,7 +136,13 @@ device runtime::copy_device(device source, device target) noexcept {
 absl::Status runtime::check_location(const void* pointer, device claimed) const {
   const bool gpu = claimed.kind == device_kind::cuda || claimed.kind == device_kind::cuda_managed;
   if (!gpu || !cuda_) return absl::OkStatus();
-  const std::optional<device> actual = cuda_->device_of(pointer);
+  const absl::StatusOr<std::optional<device>> where = cuda_->device_of(pointer);
+  if (!where.ok()) {
+    return absl::Status(where.status().code(),
+                        absl::StrCat("cannot tell where the data of a tensor on ", claimed.name(),
+                                     " lives: ", where.status().message()));
+  }
+  const std::optional<device>& actual = *where;
   if (actual == claimed) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "the tensor says it lives on ", claimed.name(), " but its data pointer ",

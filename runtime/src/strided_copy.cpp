@@ -248,6 +248,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
   auto copy_one = [es](char* to, const char* from) {
     if constexpr (N != 0) {
       copy_element<N>(to, from);
+      (void)es;
     } else {
       std::memcpy(to, from, es);
     }

@@ -367,7 +367,7 @@ inline void scenario_managed(runtime& rt, int device_ordinal, int other) {
     CHECK(count.calls == 0);
   }
   api.set_device(device_ordinal);
-  REQUIRE(api.free_managed(managed) == cuda::error::success);
+  REQUIRE(api.free_device(managed) == cuda::error::success);
 }
 
 }  // namespace dlasync::testing

@@ -118,6 +118,37 @@ TEST_CASE("pinned sources follow the producer's stream, as views and as host cop
   REQUIRE(r.sim->free_host(pinned) == cuda::error::success);
 }
 
+// Found by the import fuzzer: with a consumer stream, a copy that failed as
+// it was enqueued resumed the caller with OK and a copy never made.
+TEST_CASE("a producer stream that cannot be followed fails the import, consumer stream or not",
+          "[cuda][import][stream]") {
+  sim_runtime r = make_sim_runtime();
+  std::vector<float> host(64, 2.0f);
+  testing::device_memory mem(*r.sim, 1, host.data(), 256);
+  cuda::stream_t consumer = nullptr;
+  r.sim->set_device(0);
+  REQUIRE(r.sim->stream_create(&consumer) == cuda::error::success);
+  int not_a_stream = 0;
+  for (const bool view : {false, true}) {
+    INFO((view ? "a view on cuda:1" : "a copy to cuda:0"));
+    tensor_spec s;
+    s.device = {device_kind::cuda, 1};
+    s.shape = {64};
+    s.data = mem.data;
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.stream = reinterpret_cast<std::int64_t>(&not_a_stream);
+    o.target = device{device_kind::cuda, view ? 1 : 0};
+    o.consumer_stream = view ? 2 : reinterpret_cast<std::int64_t>(consumer);
+    require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
+                   {"cudaErrorInvalidResourceHandle", "cuda:1"});
+    CHECK(testing::eventually([&] { return count.calls == 1; }));
+  }
+  testing::finish_stream(*r.sim, 0, consumer);
+  r.sim->stream_destroy(consumer);
+}
+
 TEST_CASE("an import follows the producer's stream without blocking on it",
           "[cuda][import][stream]") {
   sim_runtime r = make_sim_runtime();

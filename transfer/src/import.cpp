@@ -1,5 +1,7 @@
 #include "dlasync/transfer/import.hpp"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 
 namespace dlasync {
@@ -18,10 +20,15 @@ strided_layout source_layout(const DLTensor& dl, const import_plan& plan) {
   layout.element_size = plan.type.bits / 8u;
   layout.shape.assign(dl.shape, dl.shape + dl.ndim);
   layout.strides.resize(layout.shape.size());
+  // Row-major strides for NULL ones. Validation bounds the product for
+  // tensors with elements; a size-0 tensor may have huge other extents, and
+  // copies nothing, so its strides saturate instead of overflowing.
   std::int64_t stride = 1;
   for (std::int32_t i = dl.ndim - 1; i >= 0; --i) {
     layout.strides[i] = dl.strides != nullptr ? dl.strides[i] : stride;
-    stride *= std::max<std::int64_t>(layout.shape[i], 1);
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(layout.shape[i], 1), &stride)) {
+      stride = std::numeric_limits<std::int64_t>::max();
+    }
   }
   return layout;
 }
@@ -89,7 +96,9 @@ void copy_import::start() {
     // producer's stream has reached this point.
     const marker_ptr produced =
         rt_.stream_backend(plan_.source).record_producer(plan_.source, plan_.producer_stream);
-    if (plan_.consumer_stream != -1 &&
+    // A marker already done has nothing to order, and may carry an error
+    // (a producer stream that could not be followed): report it instead.
+    if (plan_.consumer_stream != -1 && !produced->done() &&
         rt_.backend_for(plan_.target)
             .order_consumer(plan_.target, plan_.consumer_stream, produced)
             .ok()) {
@@ -196,7 +205,9 @@ void copy_import::on_budget(absl::Status status) {
 void copy_import::enqueue(stream_ref stream, copy_job job) {
   const marker_ptr copied =
       rt_.copy_backend(plan_.source, plan_.target).enqueue_copy(stream, std::move(job));
-  if (plan_.consumer_stream != -1 &&
+  // A copy that failed as it was enqueued completes its marker at once:
+  // it must not resume the caller early as if it had been enqueued.
+  if (plan_.consumer_stream != -1 && !copied->done() &&
       rt_.backend_for(plan_.target)
           .order_consumer(plan_.target, plan_.consumer_stream, copied)
           .ok()) {

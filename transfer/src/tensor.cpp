@@ -1,6 +1,7 @@
 #include "dlasync/transfer/tensor.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,7 +22,11 @@ void fill_compact_strides(detail::tensor_state& state) {
   std::int64_t stride = 1;
   for (std::int32_t i = state.ndim - 1; i >= 0; --i) {
     strides[i] = stride;
-    stride *= std::max<std::int64_t>(shape[i], 1);
+    // Saturates for size-0 tensors with huge other extents (no elements to
+    // address); for the others validation bounds the product.
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(shape[i], 1), &stride)) {
+      stride = std::numeric_limits<std::int64_t>::max();
+    }
   }
 }
 

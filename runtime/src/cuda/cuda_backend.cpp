@@ -55,6 +55,11 @@ class cuda_context {
       for (cuda::event_t e : devices_[d].free_events) api_->event_destroy(e);
     }
     for (void* chunk : chunks_) api_->free_host(chunk);
+    for (void* chunk : unfreed_chunks_) api_->free_host(chunk);
+    for (const auto& [device, p] : unfreed_memory_) {
+      api_->set_device(device);
+      api_->free_device(p);
+    }
   }
 
   absl::Status start() {
@@ -89,15 +94,37 @@ class cuda_context {
   }
 
   // Runs `fn` with `device` current on this thread (the current device is
-  // per thread), then restores the previous one.
+  // per thread), then restores the previous one. When the device cannot be
+  // made current, `fn` does not run: the failure comes back in fn's result
+  // type (an error, a Status, a marker).
   template <typename F>
   auto on_device(int device, F&& fn) {
+    using result_type = decltype(fn());
     int previous = 0;
     api_->get_device(&previous);
-    api_->set_device(device);
+    if (const error e = api_->set_device(device); e != error::success) {
+      if constexpr (std::is_same_v<result_type, error>) {
+        return e;
+      } else if constexpr (std::is_same_v<result_type, absl::Status>) {
+        return cuda::to_status(e, "cudaSetDevice", device);
+      } else if constexpr (std::is_same_v<result_type, marker_ptr>) {
+        return done_marker(cuda::to_status(e, "cudaSetDevice", device));
+      }
+    }
     auto result = fn();
     api_->set_device(previous);
     return result;
+  }
+
+  // Frees stream-ordered device memory on `s`. Memory whose free fails (a
+  // failed call or context) is freed again at teardown instead of lost.
+  error release_memory(int device, void* p, cuda::stream_t s) {
+    const error e = on_device(device, [&] { return api_->free_async(p, s); });
+    if (e != error::success) {
+      std::lock_guard lock(chunks_mutex_);
+      unfreed_memory_.emplace_back(device, p);
+    }
+    return e;
   }
 
   absl::StatusOr<cuda::event_t> take_event(int device) {
@@ -201,7 +228,11 @@ class cuda_context {
           }
         }
         if (!failure.ok()) {
-          for (void* p : chunks_) api_->free_host(p);
+          // A chunk whose free fails too (a failed context) is freed again
+          // at teardown rather than lost.
+          for (void* p : chunks_) {
+            if (api_->free_host(p) != error::success) unfreed_chunks_.push_back(p);
+          }
           chunks_.clear();
         } else {
           free_chunks_ = chunks_;
@@ -329,6 +360,8 @@ class cuda_context {
   std::mutex chunks_mutex_;
   std::vector<void*> chunks_;
   std::vector<void*> free_chunks_;
+  std::vector<void*> unfreed_chunks_;
+  std::vector<std::pair<int, void*>> unfreed_memory_;
   std::deque<std::function<void(absl::StatusOr<void*>)>> chunk_waiters_;
 
   mutable std::mutex stats_mutex_;
@@ -623,7 +656,7 @@ absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t byt
   return device_buffer(
       d, reinterpret_cast<void*>(address), bytes,
       [context = context_, base, stream, ordinal = d.ordinal](void*, std::uint64_t) {
-        context->on_device(ordinal, [&] { return context->api().free_async(base, stream); });
+        context->release_memory(ordinal, base, stream);
       });
 }
 
@@ -683,13 +716,20 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
                                      api.launch_gather(temp, job.source, job.layout, there));
         return context_->order_after(source_device, stream, there);
       });
-      if (!st.ok()) return st;
-      DLASYNC_CUDA_RETURN_IF_ERROR(
-          "cudaMemcpyAsync", device,
-          api.memcpy_async(job.destination, temp, bytes, cuda::memcpy_kind::any, stream));
+      if (st.ok()) {
+        const error copied =
+            api.memcpy_async(job.destination, temp, bytes, cuda::memcpy_kind::any, stream);
+        if (copied != error::success) st = cuda::to_status(copied, "cudaMemcpyAsync", device);
+      }
+      if (!st.ok()) {
+        // Whatever was enqueued on `there` is ordered before the free.
+        if (temp != nullptr) context_->release_memory(source_device, temp, there);
+        return st;
+      }
       return context_->on_device(source_device, [&]() -> absl::Status {
         if (absl::Status o = context_->order_after(source_device, there, stream); !o.ok()) return o;
-        DLASYNC_CUDA_RETURN_IF_ERROR("cudaFreeAsync", source_device, api.free_async(temp, there));
+        DLASYNC_CUDA_RETURN_IF_ERROR("cudaFreeAsync", source_device,
+                                     context_->release_memory(source_device, temp, there));
         return absl::OkStatus();
       });
     });
@@ -725,7 +765,10 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
                                    api.launch_gather(temp, job.source, job.layout, stream));
       return absl::OkStatus();
     });
-    if (!st.ok()) return done_marker(st);
+    if (!st.ok()) {
+      if (temp != nullptr) context_->release_memory(device, temp, stream);
+      return done_marker(st);
+    }
     compact_source = temp;
   }
   copy_job out = job;
@@ -739,7 +782,7 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
   if (temp == nullptr) return p->done();
   auto freed = std::make_shared<completion_marker>();
   p->done()->on_complete([context = context_, temp, stream, device, freed](absl::Status st) {
-    context->on_device(device, [&] { return context->api().free_async(temp, stream); });
+    context->release_memory(device, temp, stream);
     freed->complete(std::move(st));
   });
   return freed;
@@ -765,14 +808,17 @@ absl::Status cuda_backend::wait(stream_ref s, marker_ptr m) {
                    " cannot wait on the device for a marker of another backend; wait on the host"));
 }
 
-std::optional<device> cuda_backend::device_of(const void* pointer) const {
+absl::StatusOr<std::optional<device>> cuda_backend::device_of(const void* pointer) const {
   cuda::pointer_attributes a;
-  if (context_->api().pointer_get_attributes(&a, pointer) != error::success) return std::nullopt;
+  if (const error e = context_->api().pointer_get_attributes(&a, pointer); e != error::success) {
+    return cuda::to_status(e, "cudaPointerGetAttributes", -1);
+  }
   switch (a.type) {
-    case cuda::memory_type::device: return device{device_kind::cuda, a.device};
-    case cuda::memory_type::managed: return device{device_kind::cuda_managed, a.device};
-    case cuda::memory_type::host: return device{device_kind::cuda_host, 0};
-    default: return std::nullopt;
+    case cuda::memory_type::device: return std::optional(device{device_kind::cuda, a.device});
+    case cuda::memory_type::managed:
+      return std::optional(device{device_kind::cuda_managed, a.device});
+    case cuda::memory_type::host: return std::optional(device{device_kind::cuda_host, 0});
+    default: return std::optional<device>();
   }
 }
 

@@ -98,7 +98,7 @@ class real_api final : public api {
   error malloc_managed(void** p, std::size_t bytes) override {
     return as_error(cudaMallocManaged(p, bytes, cudaMemAttachGlobal));
   }
-  error free_managed(void* p) override { return as_error(cudaFree(p)); }
+  error free_device(void* p) override { return as_error(cudaFree(p)); }
   error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
                      stream_t s) override {
     return as_error(cudaMemcpyAsync(dst, src, bytes, as_kind(kind), as_stream(s)));

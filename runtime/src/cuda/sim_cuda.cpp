@@ -109,19 +109,36 @@ void sim_api::stream_busy(int delta) {
   stats_.peak_busy_streams = std::max(stats_.peak_busy_streams, busy_streams_);
 }
 
-void sim_api::fail_call(const std::string& call, int nth, error e) {
+void sim_api::fail_call(const std::string& call, int nth, error e, bool sticky) {
   std::lock_guard lock(mutex_);
-  call_faults_[call].push_back({call_counts_[call] + static_cast<std::uint64_t>(nth), e});
+  call_faults_[call].push_back({call_counts_[call] + static_cast<std::uint64_t>(nth), e, sticky});
 }
 
-void sim_api::fail_nth_call(std::uint64_t k, error e) {
+void sim_api::fail_nth_call(std::uint64_t k, error e, bool sticky) {
   std::lock_guard lock(mutex_);
-  nth_faults_.push_back({calls_.load() + k, e});
+  nth_faults_.push_back({calls_.load() + k, e, sticky});
 }
 
 void sim_api::make_sticky(error e) {
-  std::lock_guard lock(mutex_);
-  sticky_ = e;
+  {
+    std::lock_guard lock(mutex_);
+    sticky_ = e;
+  }
+  wake_event_waiters();
+}
+
+void sim_api::wake_event_waiters() {
+  std::vector<std::shared_ptr<event>> events;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [handle, ev] : events_) events.push_back(ev);
+  }
+  // Streams waiting for an event re-check the context under the event's
+  // lock; taking it here means none of them misses this wake-up.
+  for (const std::shared_ptr<event>& ev : events) {
+    std::lock_guard lock(ev->mutex);
+    ev->done.notify_all();
+  }
 }
 
 void sim_api::clear_faults() {
@@ -129,6 +146,16 @@ void sim_api::clear_faults() {
   sticky_ = error::success;
   call_faults_.clear();
   nth_faults_.clear();
+}
+
+error sim_api::sticky_error() const {
+  std::lock_guard lock(mutex_);
+  return sticky_;
+}
+
+std::map<std::string, std::uint64_t> sim_api::call_counts() const {
+  std::lock_guard lock(mutex_);
+  return call_counts_;
 }
 
 sim_stats sim_api::stats() const {
@@ -148,27 +175,40 @@ std::uint64_t sim_api::host_bytes_pinned() const {
 
 error sim_api::enter(const char* call) {
   const std::uint64_t n = ++calls_;
-  std::lock_guard lock(mutex_);
-  const std::uint64_t nth_of_call = ++call_counts_[call];
-  if (sticky_ != error::success) return sticky_;
-  for (auto it = nth_faults_.begin(); it != nth_faults_.end(); ++it) {
-    if (it->first == n) {
-      const error e = it->second;
-      nth_faults_.erase(it);
-      return e;
-    }
-  }
-  auto faults = call_faults_.find(call);
-  if (faults != call_faults_.end()) {
-    for (auto it = faults->second.begin(); it != faults->second.end(); ++it) {
-      if (it->first == nth_of_call) {
-        const error e = it->second;
-        faults->second.erase(it);
+  bool became_sticky = false;
+  const error result = [&] {
+    std::lock_guard lock(mutex_);
+    const std::uint64_t nth_of_call = ++call_counts_[call];
+    if (sticky_ != error::success) return sticky_;
+    for (auto it = nth_faults_.begin(); it != nth_faults_.end(); ++it) {
+      if (it->call == n) {
+        const error e = it->e;
+        if (it->sticky) {
+          sticky_ = e;
+          became_sticky = true;
+        }
+        nth_faults_.erase(it);
         return e;
       }
     }
-  }
-  return error::success;
+    auto faults = call_faults_.find(call);
+    if (faults != call_faults_.end()) {
+      for (auto it = faults->second.begin(); it != faults->second.end(); ++it) {
+        if (it->call == nth_of_call) {
+          const error e = it->e;
+          if (it->sticky) {
+            sticky_ = e;
+            became_sticky = true;
+          }
+          faults->second.erase(it);
+          return e;
+        }
+      }
+    }
+    return error::success;
+  }();
+  if (became_sticky) wake_event_waiters();
+  return result;
 }
 
 std::shared_ptr<sim_api::stream> sim_api::find_stream(stream_t handle) {
@@ -342,7 +382,9 @@ error sim_api::event_record(event_t handle, stream_t stream_handle) {
     std::lock_guard lock(ev->mutex);
     generation = ++ev->recorded;
   }
-  enqueue(s, [ev, generation] {
+  // Runs in a failed context too: queries report the context's error
+  // anyway, and no event stays pending forever once faults are cleared.
+  enqueue_always(s, [ev, generation] {
     {
       std::lock_guard lock(ev->mutex);
       ev->completed = std::max(ev->completed, generation);
@@ -469,11 +511,14 @@ error sim_api::malloc_managed(void** pointer, std::size_t bytes) {
   return error::success;
 }
 
-error sim_api::free_managed(void* pointer) {
+error sim_api::free_device(void* pointer) {
   if (error e = enter("cudaFree"); e != error::success) return e;
   std::lock_guard lock(mutex_);
   auto it = memory_.find(reinterpret_cast<std::uintptr_t>(pointer));
-  if (it == memory_.end() || it->second.type != memory_type::managed) return error::invalid_value;
+  if (it == memory_.end() ||
+      (it->second.type != memory_type::managed && it->second.type != memory_type::device)) {
+    return error::invalid_value;
+  }
   device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.bytes;
   memory_.erase(it);
   std::free(pointer);

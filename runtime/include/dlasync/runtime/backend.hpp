@@ -95,7 +95,9 @@ class backend {
   virtual absl::Status wait(stream_ref s, marker_ptr m) = 0;
 
   // The device that owns `pointer`, when the backend can tell.
-  virtual std::optional<device> device_of(const void* pointer) const = 0;
+  // Empty when the pointer is memory no backend device owns (pageable host
+  // memory); the failure of the query itself as its status.
+  virtual absl::StatusOr<std::optional<device>> device_of(const void* pointer) const = 0;
 
   // Makes the caller's stream `consumer_stream` (DLPack encoding) of device
   // `d` wait on the device for `m`, so that work the caller enqueues there

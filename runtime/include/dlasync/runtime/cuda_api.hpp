@@ -109,9 +109,11 @@ class api {
   virtual error malloc_host(void** pointer, std::size_t bytes) = 0;
   virtual error free_host(void* pointer) = 0;
   // Managed (unified) memory of the current device, readable by the host
-  // and the GPUs (cudaMallocManaged, cudaFree).
+  // and the GPUs (cudaMallocManaged).
   virtual error malloc_managed(void** pointer, std::size_t bytes) = 0;
-  virtual error free_managed(void* pointer) = 0;
+  // Frees device or managed memory, once the device is done with it
+  // (cudaFree).
+  virtual error free_device(void* pointer) = 0;
 
   // Asynchronous for page-locked or device memory on both sides; with
   // pageable host memory the caller is held until the copy is staged, as the

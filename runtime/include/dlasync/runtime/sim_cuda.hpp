@@ -64,13 +64,20 @@ class sim_api final : public api {
 
   // Fault injection. `call` is the cudart name ("cudaMemcpyAsync"); `nth`
   // counts from 1 = the next such call.
-  void fail_call(const std::string& call, int nth, error e);
-  // The k-th next call of any function (1 = the next).
-  void fail_nth_call(std::uint64_t k, error e);
+  // With `sticky`, that call also corrupts the context (see below).
+  void fail_call(const std::string& call, int nth, error e, bool sticky = false);
+  // The k-th next call of any function (1 = the next) fails with `e`; with
+  // `sticky`, that call also corrupts the context: from then on everything
+  // fails with `e`, as after a kernel fault.
+  void fail_nth_call(std::uint64_t k, error e, bool sticky = false);
   // From now on every call and every stream operation fails with `e`.
   void make_sticky(error e);
   void clear_faults();
+  // The error of a failed (sticky) context, or success.
+  error sticky_error() const;
   std::uint64_t calls() const noexcept { return calls_.load(); }
+  // Calls so far, per cudart function name.
+  std::map<std::string, std::uint64_t> call_counts() const;
   sim_stats stats() const;
   // Device bytes allocated and not yet freed.
   std::uint64_t device_bytes_in_use(int device) const;
@@ -97,7 +104,7 @@ class sim_api final : public api {
   error malloc_host(void** pointer, std::size_t bytes) override;
   error free_host(void* pointer) override;
   error malloc_managed(void** pointer, std::size_t bytes) override;
-  error free_managed(void* pointer) override;
+  error free_device(void* pointer) override;
   error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
                      stream_t stream) override;
   error pointer_get_attributes(pointer_attributes* attributes, const void* pointer) override;
@@ -115,6 +122,8 @@ class sim_api final : public api {
   };
 
   error enter(const char* call);
+  // Wakes the streams waiting for events, to see a failed context.
+  void wake_event_waiters();
   std::shared_ptr<stream> find_stream(stream_t handle);
   std::shared_ptr<event> find_event(event_t handle);
   pointer_attributes locate(const void* pointer) const;
@@ -131,8 +140,14 @@ class sim_api final : public api {
 
   mutable std::mutex mutex_;
   error sticky_ = error::success;
-  std::map<std::string, std::vector<std::pair<std::uint64_t, error>>> call_faults_;
-  std::vector<std::pair<std::uint64_t, error>> nth_faults_;
+  // A planned failure: the call number (overall, or of one function).
+  struct nth_fault {
+    std::uint64_t call;
+    error e;
+    bool sticky;
+  };
+  std::map<std::string, std::vector<nth_fault>> call_faults_;
+  std::vector<nth_fault> nth_faults_;
   std::map<std::string, std::uint64_t> call_counts_;
   std::unordered_map<void*, std::shared_ptr<stream>> streams_;
   std::unordered_map<void*, std::shared_ptr<event>> events_;
