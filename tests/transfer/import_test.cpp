@@ -136,6 +136,26 @@ TEST_CASE("size-0 tensors with huge other extents are copied and viewed without 
   }
 }
 
+// Found by the import fuzzer: a size-0 tensor's byte offset is not checked,
+// and data() added a wrapping offset to a pointer (UBSan: pointer overflow).
+TEST_CASE("a size-0 tensor with a wrapping byte offset imports without pointer overflow",
+          "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  std::vector<float> storage(4);
+  tensor_spec s;
+  s.shape = {0, 4};
+  s.data = storage.data() + 2;
+  s.byte_offset = ~std::uint64_t{0} - 7;  // "minus 8 bytes"
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, {}, asio::use_future).get();
+  REQUIRE(t.ok());
+  CHECK(t->element_count() == 0);
+  CHECK(t->data() == static_cast<void*>(storage.data()));
+  t = absl::UnknownError("dropped");
+  CHECK(count.calls == 1);
+}
+
 TEST_CASE("deferred imports start when launched, and validate at the call", "[transfer][import]") {
   std::unique_ptr<runtime> rt = make_runtime();
   matrix_source m(4, 4);

@@ -184,7 +184,8 @@ absl::Status check_address(const DLTensor& dl, import_plan& plan) {
   std::uintptr_t first = 0;
   std::uintptr_t last = 0;
   if (__builtin_add_overflow(base, dl.byte_offset, &first) ||
-      first < static_cast<std::uintptr_t>(-plan.span_begin) ||
+      // Unsigned negation: span_begin may be INT64_MIN.
+      first < std::uintptr_t{0} - static_cast<std::uintptr_t>(plan.span_begin) ||
       __builtin_add_overflow(first, static_cast<std::uintptr_t>(plan.span_end), &last)) {
     return absl::OutOfRangeError(
         absl::StrCat("data ", absl::Hex(base), " + byte_offset ", dl.byte_offset,

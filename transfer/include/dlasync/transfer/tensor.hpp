@@ -70,8 +70,12 @@ class tensor {
   std::uint64_t byte_size() const noexcept { return state_->byte_size; }
   // The first element.
   void* data() const noexcept {
-    return state_->data == nullptr ? nullptr
-                                   : static_cast<char*>(state_->data) + state_->byte_offset;
+    // Integer arithmetic: validation bounds the offset of tensors with
+    // elements, but a size-0 tensor's offset is unchecked and may wrap.
+    return state_->data == nullptr
+               ? nullptr
+               : reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(state_->data) +
+                                         state_->byte_offset);
   }
   // DLPack's pair: the first element is at dl_data() + byte_offset().
   void* dl_data() const noexcept { return state_->data; }
