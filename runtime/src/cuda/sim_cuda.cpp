@@ -426,6 +426,10 @@ error sim_api::stream_wait_event(stream_t stream_handle, event_t handle) {
 error sim_api::malloc_async(void** pointer, std::size_t bytes, stream_t stream_handle) {
   if (error e = enter("cudaMallocAsync"); e != error::success) return e;
   if (!find_stream(stream_handle)) return error::invalid_resource_handle;
+  return allocate(pointer, bytes, memory_type::device);
+}
+
+error sim_api::allocate(void** pointer, std::size_t bytes, memory_type type) {
   const int device = current_device;
   {
     std::lock_guard lock(mutex_);
@@ -440,7 +444,7 @@ error sim_api::malloc_async(void** pointer, std::size_t bytes, stream_t stream_h
     device_used_[static_cast<std::size_t>(device)] -= bytes;
     return error::memory_allocation;
   }
-  memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, memory_type::device};
+  memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, type};
   *pointer = p;
   return error::success;
 }
@@ -492,23 +496,7 @@ error sim_api::free_host(void* pointer) {
 
 error sim_api::malloc_managed(void** pointer, std::size_t bytes) {
   if (error e = enter("cudaMallocManaged"); e != error::success) return e;
-  const int device = current_device;
-  {
-    std::lock_guard lock(mutex_);
-    std::uint64_t& used = device_used_[static_cast<std::size_t>(device)];
-    if (bytes > options_.memory_per_device - used) return error::memory_allocation;
-    used += bytes;
-  }
-  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded);
-  std::lock_guard lock(mutex_);
-  if (p == nullptr) {
-    device_used_[static_cast<std::size_t>(device)] -= bytes;
-    return error::memory_allocation;
-  }
-  memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, memory_type::managed};
-  *pointer = p;
-  return error::success;
+  return allocate(pointer, bytes, memory_type::managed);
 }
 
 error sim_api::free_device(void* pointer) {

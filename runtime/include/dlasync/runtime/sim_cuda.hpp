@@ -127,6 +127,8 @@ class sim_api final : public api {
   std::shared_ptr<stream> find_stream(stream_t handle);
   std::shared_ptr<event> find_event(event_t handle);
   pointer_attributes locate(const void* pointer) const;
+  // Memory of `type` on the current device, counted against its capacity.
+  error allocate(void** pointer, std::size_t bytes, memory_type type);
   void start_worker(stream& s);
   // Runs `op` in stream order unless the context has failed by then.
   void enqueue(const std::shared_ptr<stream>& s, std::function<void()> op);
