@@ -90,6 +90,41 @@ TEST_CASE("a stream waits for another stream's event, across devices", "[cuda][s
   sim.stream_destroy(consumer);
 }
 
+TEST_CASE("a wait holds for the record it saw, not for a later record of the event",
+          "[cuda][sim]") {
+  // Events are recycled as soon as a wait is enqueued: recording the event
+  // again on an idle stream must not release the wait early.
+  sim_api sim;
+  stream_t busy = new_stream(sim);
+  stream_t idle = new_stream(sim);
+  stream_t waiter = new_stream(sim);
+  std::atomic<bool> release{false};
+  std::atomic<bool> released_seen{false};
+  sim.launch_host_func(busy, [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  event_t e = nullptr;
+  sim.event_create(&e);
+  sim.event_record(e, busy);
+  sim.stream_wait_event(waiter, e);
+  sim.launch_host_func(waiter, [&] { released_seen = release.load(); });
+  event_t waited = nullptr;
+  sim.event_create(&waited);
+  sim.event_record(waited, waiter);
+  sim.event_record(e, idle);  // a later record, on a stream with nothing to do
+  CHECK(testing::eventually([&] { return sim.event_query(e) == error::success; }));
+  std::this_thread::sleep_for(10ms);
+  CHECK(sim.event_query(waited) == error::not_ready);
+  release = true;
+  CHECK(testing::eventually([&] { return sim.event_query(waited) == error::success; }));
+  CHECK(released_seen);
+  sim.event_destroy(e);
+  sim.event_destroy(waited);
+  sim.stream_destroy(busy);
+  sim.stream_destroy(idle);
+  sim.stream_destroy(waiter);
+}
+
 TEST_CASE("pageable copies hold the caller, pinned copies do not", "[cuda][sim]") {
   sim_api sim;
   stream_t s = new_stream(sim);

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <optional>
 #include <string>
@@ -19,6 +20,9 @@ namespace dlasync::testing {
 
 struct deleter_count {
   std::atomic<int> calls{0};
+  // Runs in the deleter, before the count: tests free the tensor's memory
+  // here, so that a read after the release shows under ASan.
+  std::function<void()> on_delete;
 };
 
 struct tensor_spec {
@@ -46,7 +50,10 @@ struct box {
 
   static void destroy(Managed* self) {
     auto* b = static_cast<box*>(self->manager_ctx);
-    if (b->count != nullptr) b->count->calls.fetch_add(1);
+    if (b->count != nullptr) {
+      if (b->count->on_delete) b->count->on_delete();
+      b->count->calls.fetch_add(1);
+    }
     delete b;
   }
 };

@@ -23,6 +23,20 @@ marker_ptr done_marker(absl::Status status) {
   return m;
 }
 
+// The error of a marker that failed as it was made (nothing was recorded),
+// else OK.
+absl::Status failed_at_once(const marker_ptr& m) {
+  absl::Status status;
+  if (m->done()) m->on_complete([&status](absl::Status s) { status = std::move(s); });
+  return status;
+}
+
+// Calls of cudaEventQuery that must fail in a row before the reactor takes
+// an error for a failed context rather than a passing fault.
+constexpr int persistent_query_failures = 3;
+// Attempts at recording a marker for a drain.
+constexpr int drain_record_attempts = 3;
+
 bool is_compact(const strided_layout& l) {
   std::int64_t expected = 1;
   for (std::size_t i = l.shape.size(); i-- > 0;) {
@@ -172,6 +186,32 @@ class cuda_context {
     return marker;
   }
 
+  // Calls `done` once everything enqueued so far on `streams` has run, or
+  // never will run (a failed context). Error paths call it before they
+  // release memory, staging chunks or the source: work enqueued before the
+  // error may still read or write them. A marker that cannot be recorded is
+  // retried; when recording keeps failing the context is taken for failed.
+  void drain(std::vector<std::pair<int, cuda::stream_t>> streams, std::function<void()> done) {
+    if (streams.empty()) return done();
+    struct state {
+      std::atomic<std::size_t> left;
+      std::function<void()> done;
+    };
+    auto shared = std::make_shared<state>();
+    shared->left.store(streams.size());
+    shared->done = std::move(done);
+    for (const auto& [device, s] : streams) {
+      marker_ptr m;
+      for (int attempt = 0; attempt < drain_record_attempts; ++attempt) {
+        m = on_device(device, [&] { return record(device, s); });
+        if (failed_at_once(m).ok()) break;
+      }
+      m->on_complete([shared](absl::Status) {
+        if (shared->left.fetch_sub(1) == 1) shared->done();
+      });
+    }
+  }
+
   // Makes `s` wait on the device for `m`, a marker of this context still
   // pending. Returns false when `m` is not one (or no longer pending).
   bool wait_for(int device, cuda::stream_t s, const completion_marker* m, absl::Status& status) {
@@ -285,6 +325,8 @@ class cuda_context {
     int device;
     cuda::event_t event;
     std::function<void(absl::Status)> done;
+    error first_error = error::success;  // a failed query, kept for the end
+    int failures = 0;                    // failed queries in a row
   };
   struct live_event {
     int device;
@@ -319,14 +361,27 @@ class cuda_context {
       for (watched& w : batch) {
         const error err = api_->event_query(w.event);
         if (err == error::not_ready) {
+          w.failures = 0;
           pending.push_back(std::move(w));
           continue;
         }
+        if (err != error::success) {
+          // A failed query does not say the work is done: ask again, and
+          // report the error once the event completes. Only an error that
+          // persists (a failed context, whose work never runs) ends the
+          // watch at once.
+          if (w.first_error == error::success) w.first_error = err;
+          if (++w.failures < persistent_query_failures) {
+            pending.push_back(std::move(w));
+            continue;
+          }
+        }
         progressed = true;
         give_event(w.device, w.event);
-        w.done(err == error::success
-                   ? absl::OkStatus()
-                   : cuda::to_status(err, "a stream operation (cudaEventQuery)", w.device));
+        w.done(
+            w.first_error == error::success
+                ? absl::OkStatus()
+                : cuda::to_status(w.first_error, "a stream operation (cudaEventQuery)", w.device));
       }
       if (!pending.empty()) {
         std::lock_guard lock(reactor_mutex_);
@@ -443,9 +498,21 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   }
 
   void request() {
+    if (failed()) {
+      // Gives up on every range not yet taken. No chunk is needed for that;
+      // waiting for one could wait for chunks that failed transfers hold
+      // until their streams drain.
+      while (next_.fetch_add(1) < ranges_.size()) finish_one();
+      return;
+    }
     ctx_.take_chunk([self = shared_from_this()](absl::StatusOr<void*> chunk) {
       self->on_chunk(std::move(chunk));
     });
+  }
+
+  bool failed() {
+    std::lock_guard lock(mutex_);
+    return !status_.ok();
   }
 
   bool stopped() {
@@ -493,9 +560,13 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     });
     if (err != error::success)
       return chunk_failed(chunk, cuda::to_status(err, "cudaMemcpyAsync", device_));
-    ctx_.record(device_, s)->on_complete([self = shared_from_this(), chunk](absl::Status st) {
-      if (!st.ok()) self->fail(st);
-      self->ctx_.give_chunk(chunk);
+    ctx_.record(device_, s)->on_complete([self = shared_from_this(), chunk, s](absl::Status st) {
+      if (!st.ok()) {
+        self->fail(st);
+        self->return_after(s, chunk);
+      } else {
+        self->ctx_.give_chunk(chunk);
+      }
       self->request();
       self->finish_one();  // last: it may complete the import
     });
@@ -513,10 +584,10 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     });
     if (err != error::success)
       return chunk_failed(chunk, cuda::to_status(err, "cudaMemcpyAsync", device_));
-    ctx_.record(device_, s)->on_complete([self = shared_from_this(), k, chunk](absl::Status st) {
+    ctx_.record(device_, s)->on_complete([self = shared_from_this(), k, chunk, s](absl::Status st) {
       if (!st.ok()) {
         self->fail(st);
-        self->ctx_.give_chunk(chunk);
+        self->return_after(s, chunk);
         self->request();
         return self->finish_one();
       }
@@ -528,6 +599,13 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
         self->finish_one();
       });
     });
+  }
+
+  // A chunk whose transfer could not be tracked goes back to the pool once
+  // its stream has run what it holds: the copy may still be queued there.
+  void return_after(cuda::stream_t s, void* chunk) {
+    ctx_.drain({{device_, s}},
+               [self = shared_from_this(), chunk] { self->ctx_.give_chunk(chunk); });
   }
 
   void chunk_failed(void* chunk, absl::Status st) {
@@ -557,7 +635,14 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
       std::lock_guard lock(mutex_);
       st = status_;
     }
-    done_->complete(std::move(st));
+    if (st.ok()) return done_->complete(std::move(st));
+    // After an error, copies enqueued before it may still run: the import
+    // releases the destination, the source and temporary buffers only once
+    // the streams have run them.
+    std::vector<std::pair<int, cuda::stream_t>> used{{device_, after_}};
+    for (cuda::stream_t s : streams_) used.emplace_back(device_, s);
+    ctx_.drain(std::move(used),
+               [self = shared_from_this(), st = std::move(st)] { self->done_->complete(st); });
   }
 
   cuda_context& ctx_;
@@ -733,8 +818,21 @@ marker_ptr cuda_backend::enqueue_copy(stream_ref s, copy_job job) {
         return absl::OkStatus();
       });
     });
-    if (!status.ok()) return done_marker(status);
-    return record(s);
+    marker_ptr copied = status.ok() ? record(s) : nullptr;
+    if (copied != nullptr) status = failed_at_once(copied);
+    if (status.ok()) return copied;
+    // Part of the work may be enqueued (a gather reading the source on its
+    // GPU): the failure is reported once the streams have run it, so that
+    // the import releases the source and the destination only then.
+    std::vector<std::pair<int, cuda::stream_t>> used{{device, stream}};
+    if (source_on_device && source_device != device) {
+      used.emplace_back(source_device, context_->stream(source_device, s.index));
+    }
+    auto failed = std::make_shared<completion_marker>();
+    // The callback holds the context: its reactor must outlive the drain.
+    context_->drain(std::move(used),
+                    [failed, status, context = context_] { failed->complete(status); });
+    return failed;
   }
 
   context_->count_copy(true);

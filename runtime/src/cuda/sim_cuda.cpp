@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <set>
+#include <shared_mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -43,8 +45,13 @@ struct sim_api::event {
   int device = 0;
   std::mutex mutex;
   std::condition_variable done;
+  // Records are numbered; a record is complete when its stream reached it.
+  // Records on different streams may complete out of order: a wait holds
+  // for the record it saw, whatever later ones do (as in CUDA).
   std::uint64_t recorded = 0;
-  std::uint64_t completed = 0;
+  std::set<std::uint64_t> pending;
+
+  bool complete(std::uint64_t generation) const { return !pending.contains(generation); }
 };
 
 // A copy engine: one copy at a time.
@@ -123,8 +130,26 @@ void sim_api::make_sticky(error e) {
   {
     std::lock_guard lock(mutex_);
     sticky_ = e;
+    ++failures_;
   }
+  context_failed();
+}
+
+void sim_api::context_failed() {
   wake_event_waiters();
+  // The device stops: copies and kernels already running finish before
+  // anyone learns of the failure, later ones never start.
+  std::unique_lock stop(running_);
+}
+
+std::uint64_t sim_api::epoch() const {
+  std::lock_guard lock(mutex_);
+  return failures_;
+}
+
+bool sim_api::failed_since(std::uint64_t epoch) const {
+  std::lock_guard lock(mutex_);
+  return sticky_ != error::success || failures_ != epoch;
 }
 
 void sim_api::wake_event_waiters() {
@@ -185,6 +210,7 @@ error sim_api::enter(const char* call) {
         const error e = it->e;
         if (it->sticky) {
           sticky_ = e;
+          ++failures_;
           became_sticky = true;
         }
         nth_faults_.erase(it);
@@ -198,6 +224,7 @@ error sim_api::enter(const char* call) {
           const error e = it->e;
           if (it->sticky) {
             sticky_ = e;
+            ++failures_;
             became_sticky = true;
           }
           faults->second.erase(it);
@@ -207,7 +234,7 @@ error sim_api::enter(const char* call) {
     }
     return error::success;
   }();
-  if (became_sticky) wake_event_waiters();
+  if (became_sticky) context_failed();
   return result;
 }
 
@@ -237,11 +264,10 @@ pointer_attributes sim_api::locate(const void* pointer) const {
 }
 
 void sim_api::enqueue(const std::shared_ptr<stream>& s, std::function<void()> op) {
-  enqueue_always(s, [this, op = std::move(op)] {
-    {
-      std::lock_guard lock(mutex_);
-      if (sticky_ != error::success) return;  // a failed context runs nothing
-    }
+  // Work queued when the context fails never runs, even once faults are
+  // cleared: a failed CUDA context does not come back.
+  enqueue_always(s, [this, op = std::move(op), since = epoch()] {
+    if (failed_since(since)) return;
     op();
   });
 }
@@ -381,13 +407,14 @@ error sim_api::event_record(event_t handle, stream_t stream_handle) {
   {
     std::lock_guard lock(ev->mutex);
     generation = ++ev->recorded;
+    ev->pending.insert(generation);
   }
   // Runs in a failed context too: queries report the context's error
   // anyway, and no event stays pending forever once faults are cleared.
   enqueue_always(s, [ev, generation] {
     {
       std::lock_guard lock(ev->mutex);
-      ev->completed = std::max(ev->completed, generation);
+      ev->pending.erase(generation);
     }
     ev->done.notify_all();
   });
@@ -399,7 +426,7 @@ error sim_api::event_query(event_t handle) {
   std::shared_ptr<event> ev = find_event(handle);
   if (!ev) return error::invalid_resource_handle;
   std::lock_guard lock(ev->mutex);
-  return ev->completed >= ev->recorded ? error::success : error::not_ready;
+  return ev->complete(ev->recorded) ? error::success : error::not_ready;
 }
 
 error sim_api::stream_wait_event(stream_t stream_handle, event_t handle) {
@@ -415,7 +442,7 @@ error sim_api::stream_wait_event(stream_t stream_handle, event_t handle) {
   enqueue(s, [this, ev, generation] {
     std::unique_lock lock(ev->mutex);
     ev->done.wait(lock, [&] {
-      if (ev->completed >= generation) return true;
+      if (ev->complete(generation)) return true;
       std::lock_guard sticky(mutex_);
       return sticky_ != error::success;  // a failed context never completes it
     });
@@ -552,7 +579,9 @@ error sim_api::memcpy_async(void* dst, const void* src, std::size_t bytes, memcp
     (pageable ? stats_.pageable_copies : stats_.async_copies) += 1;
     stats_.bytes_copied += bytes;
   }
-  auto op = [this, dst, src, bytes, device, direction, gbps] {
+  auto op = [this, dst, src, bytes, device, direction, gbps, since = epoch()] {
+    std::shared_lock running(running_);
+    if (failed_since(since)) return;
     run_copy(device, direction, bytes, gbps);
     std::memcpy(dst, src, bytes);
   };
@@ -598,7 +627,9 @@ error sim_api::launch_gather(void* dst, const void* src, const strided_layout& l
     if (out.type != memory_type::device || out.device != s->device) return error::invalid_value;
   }
   auto copy = std::make_shared<strided_copy>(layout);
-  enqueue(s, [this, copy, dst, src, device = s->device] {
+  enqueue(s, [this, copy, dst, src, device = s->device, since = epoch()] {
+    std::shared_lock running(running_);
+    if (failed_since(since)) return;
     run_copy(device, 2, copy->bytes(), options_.device_to_device_gbps);
     copy->run(src, dst, 0, copy->units());
   });

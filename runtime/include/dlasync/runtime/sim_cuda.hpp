@@ -13,7 +13,9 @@
 //     more) that copies occupy for bytes / bandwidth;
 //   - failures can be injected: the n-th call of a function, the k-th call
 //     of any function, or a sticky error that every later call and stream
-//     operation reports, like a corrupted context.
+//     operation reports, like a corrupted context. The device stops then:
+//     copies and kernels running at that moment finish before the failing
+//     call returns, queued ones never run.
 // Select it with the runtime option or environment DLASYNC_CUDA=sim:N. Its
 // devices are named "dlasync simulated GPU N".
 //
@@ -27,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -72,6 +75,8 @@ class sim_api final : public api {
   void fail_nth_call(std::uint64_t k, error e, bool sticky = false);
   // From now on every call and every stream operation fails with `e`.
   void make_sticky(error e);
+  // Disarms planned failures and lets calls succeed again; work that was
+  // queued when the context failed stays discarded.
   void clear_faults();
   // The error of a failed (sticky) context, or success.
   error sticky_error() const;
@@ -124,13 +129,20 @@ class sim_api final : public api {
   error enter(const char* call);
   // Wakes the streams waiting for events, to see a failed context.
   void wake_event_waiters();
+  // After the context failed: wakes the waiting streams and returns once
+  // the copies and kernels running at that moment have finished.
+  void context_failed();
+  // Context failures so far; work enqueued at `epoch` runs only while
+  // failed_since(epoch) is false.
+  std::uint64_t epoch() const;
+  bool failed_since(std::uint64_t epoch) const;
   std::shared_ptr<stream> find_stream(stream_t handle);
   std::shared_ptr<event> find_event(event_t handle);
   pointer_attributes locate(const void* pointer) const;
   // Memory of `type` on the current device, counted against its capacity.
   error allocate(void** pointer, std::size_t bytes, memory_type type);
   void start_worker(stream& s);
-  // Runs `op` in stream order unless the context has failed by then.
+  // Runs `op` in stream order unless the context has failed since.
   void enqueue(const std::shared_ptr<stream>& s, std::function<void()> op);
   // Runs `op` in stream order whatever happened.
   void enqueue_always(const std::shared_ptr<stream>& s, std::function<void()> op);
@@ -141,7 +153,11 @@ class sim_api final : public api {
   std::atomic<std::uint64_t> calls_{0};
 
   mutable std::mutex mutex_;
+  // Held shared by running copies and kernels; a failing context takes it
+  // alone, so that nothing touches memory once a failure is reported.
+  std::shared_mutex running_;
   error sticky_ = error::success;
+  std::uint64_t failures_ = 0;
   // A planned failure: the call number (overall, or of one function).
   struct nth_fault {
     std::uint64_t call;
