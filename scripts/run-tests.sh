@@ -33,4 +33,8 @@ bench=ON
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench
 cmake --build "$build_dir" --parallel "$(nproc)"
+# TSan: the suppressions cover Debian's uninstrumented abseil only.
+if [ "$sanitize" = thread ]; then
+  export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
+fi
 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" --timeout 300
