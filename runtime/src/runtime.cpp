@@ -192,7 +192,9 @@ void runtime::shutdown() {
     std::unique_lock lock(ops_mutex_);
     ops_done_.wait(lock, [this] { return ops_.empty(); });
   }
-  // Every import has released its source; now stop the threads.
+  // Every import has released its source; now stop the threads, once no
+  // CUDA completion callback is still handing work to them.
+  if (cuda_) cuda_->quiesce();
   work_.reset();
   io_.stop();
   for (std::thread& t : executor_threads_) t.join();

@@ -239,6 +239,15 @@ class cuda_context {
     return absl::OkStatus();
   }
 
+  // Returns once the reactor has finished the round of callbacks it was in
+  // at the time of the call (at once when it was between rounds).
+  void quiesce() {
+    if (on_reactor_thread()) return;
+    std::unique_lock lock(reactor_mutex_);
+    const std::uint64_t target = rounds_started_;
+    round_done_.wait(lock, [&] { return rounds_finished_ >= target || stop_; });
+  }
+
   // Calls `done(status)` on the reactor thread when `e` completes, then
   // returns `e` to the pool.
   void watch(int device, cuda::event_t e, std::function<void(absl::Status)> done) {
@@ -355,6 +364,7 @@ class cuda_context {
         reactor_wake_.wait(lock, [this] { return stop_ || !watched_.empty(); });
         if (stop_) return;  // only after every import has finished
         batch.swap(watched_);
+        ++rounds_started_;
       }
       std::vector<watched> pending;
       bool progressed = false;
@@ -383,11 +393,13 @@ class cuda_context {
                 ? absl::OkStatus()
                 : cuda::to_status(w.first_error, "a stream operation (cudaEventQuery)", w.device));
       }
-      if (!pending.empty()) {
+      {
         std::lock_guard lock(reactor_mutex_);
         watched_.insert(watched_.begin(), std::make_move_iterator(pending.begin()),
                         std::make_move_iterator(pending.end()));
+        ++rounds_finished_;
       }
+      round_done_.notify_all();
       if (progressed) {
         idle_rounds = 0;
       } else if (++idle_rounds > 64) {
@@ -410,6 +422,10 @@ class cuda_context {
   std::condition_variable reactor_wake_;
   std::vector<watched> watched_;
   bool stop_ = false;
+  // Rounds of polling and callbacks, for quiesce().
+  std::uint64_t rounds_started_ = 0;
+  std::uint64_t rounds_finished_ = 0;
+  std::condition_variable round_done_;
   std::thread reactor_;
 
   std::mutex chunks_mutex_;
@@ -930,6 +946,10 @@ absl::Status cuda_backend::order_consumer(device d, std::int64_t consumer_stream
   return absl::UnimplementedError(
       "this transfer finishes on the host (a staging pipeline): the import resumes when the "
       "data is ready instead");
+}
+
+void cuda_backend::quiesce() {
+  context_->quiesce();
 }
 
 marker_ptr cuda_backend::record_producer(device d, std::int64_t producer_stream) {

@@ -54,6 +54,7 @@ class cuda_backend final : public backend {
   absl::StatusOr<std::optional<device>> device_of(const void* pointer) const override;
   marker_ptr record_producer(device d, std::int64_t producer_stream) override;
   absl::Status order_consumer(device d, std::int64_t consumer_stream, const marker_ptr& m) override;
+  void quiesce() override;
 
   int device_count() const noexcept;
   cuda::api& api() noexcept;

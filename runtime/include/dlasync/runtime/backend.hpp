@@ -110,6 +110,13 @@ class backend {
   // (DLPack encoding) on device `d` reaches the point of this call.
   // Backends without streams return a completed marker.
   virtual marker_ptr record_producer(device d, std::int64_t producer_stream) = 0;
+
+  // Returns once no completion callback that was running on a thread of the
+  // backend's own (the CUDA reactor) at the time of the call is still
+  // running. The runtime calls it at shutdown, after every import ended and
+  // before its thread pools go: the callback that handed an import's last
+  // piece of work to a pool may still be returning from that call.
+  virtual void quiesce() {}
 };
 
 }  // namespace dlasync
