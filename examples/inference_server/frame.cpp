@@ -17,8 +17,11 @@ T load(const std::byte* p) noexcept {
 
 template <typename T>
 void append(std::vector<std::byte>& out, T v) {
-  const auto* p = reinterpret_cast<const std::byte*>(&v);
-  out.insert(out.end(), p, p + sizeof v);
+  // resize + memcpy rather than insert: GCC 12 at -O3 misreads the insert
+  // as an overflow (-Wstringop-overflow).
+  const std::size_t at = out.size();
+  out.resize(at + sizeof v);
+  std::memcpy(out.data() + at, &v, sizeof v);
 }
 
 void append_bytes(std::vector<std::byte>& out, std::span<const std::byte> bytes) {

@@ -43,6 +43,9 @@ ABSL_FLAG(double, malformed, 0, "Share of frames (0 to 1) that are malformed on 
 ABSL_FLAG(int, server_max_frame_mib, 0,
           "The server's --max_frame_mib; when set, some malformed frames exceed it (their "
           "bodies are sent in full, so keep it small).");
+ABSL_FLAG(int, server_budget_mib, 0,
+          "The server's --memory_budget_mib, when below its frame limit: adds frames larger "
+          "than the budget, which must be refused with ResourceExhausted.");
 ABSL_FLAG(std::uint32_t, seed, 1, "Random seed.");
 ABSL_FLAG(int, threads, 2, "Client threads.");
 
@@ -175,8 +178,9 @@ enum class malformed_kind {
   oversized,         // OutOfRange (only with --server_max_frame_mib)
   wrong_magic,       // InvalidArgument, then the server closes
   cut_off,           // the client closes mid-frame: no response
+  over_budget,       // ResourceExhausted (only with --server_budget_mib below the frame limit)
 };
-constexpr int malformed_kinds = 8;
+constexpr int malformed_kinds = 9;
 
 struct malformed_request {
   malformed_kind kind;
@@ -189,11 +193,14 @@ void set_u32(std::vector<std::byte>& frame, std::size_t at, std::uint32_t v) {
   std::memcpy(frame.data() + at, &v, sizeof v);
 }
 
-malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, std::uint32_t server_max) {
+malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, std::uint32_t server_max,
+                                 std::uint32_t server_budget) {
   malformed_request m;
   m.kind = static_cast<malformed_kind>(rng() % malformed_kinds);
   if (m.kind == malformed_kind::oversized && server_max == 0)
     m.kind = malformed_kind::unknown_dtype;
+  if (m.kind == malformed_kind::over_budget && (server_budget == 0 || server_budget >= server_max))
+    m.kind = malformed_kind::payload_mismatch;
   const std::vector<std::int64_t> shape{4, 8};
   const std::vector<std::int64_t> strides{8, 1};
   const std::vector<std::byte> payload(32 * 4, std::byte{1});
@@ -244,6 +251,15 @@ malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, std::uint3
       m.frame = encode_request(id, dtypes::float32, shape, strides, payload);
       m.frame.resize(m.frame.size() / 2);
       break;
+    case malformed_kind::over_budget:
+      // Within the frame limit, beyond the whole memory budget: refused
+      // before the body is read, which the server then skips.
+      m.frame.assign(frame_header_bytes + server_budget + 1, std::byte{0});
+      set_u32(m.frame, 0, request_magic);
+      set_u32(m.frame, 4, server_budget + 1);
+      m.expected = absl::StatusCode::kResourceExhausted;
+      m.expected_word = "exceeds the whole";
+      break;
   }
   return m;
 }
@@ -273,6 +289,8 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
   std::bernoulli_distribution malformed(absl::GetFlag(FLAGS_malformed));
   const std::uint32_t server_max =
       static_cast<std::uint32_t>(std::max(0, absl::GetFlag(FLAGS_server_max_frame_mib))) << 20;
+  const std::uint32_t server_budget =
+      static_cast<std::uint32_t>(std::max(0, absl::GetFlag(FLAGS_server_budget_mib))) << 20;
   tcp::socket socket(co_await asio::this_coro::executor);
   if (const bool up = co_await connect(socket, server); !up) {
     stats.problem(absl::StrCat("connection ", index, ": cannot connect"));
@@ -282,7 +300,7 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
   while (clock::now() < stop_at) {
     ++id;
     if (malformed(rng)) {
-      malformed_request m = make_malformed(id, rng, server_max);
+      malformed_request m = make_malformed(id, rng, server_max, server_budget);
       auto [ec, n] = co_await asio::async_write(socket, asio::buffer(m.frame), as_tuple_awaitable);
       stats.bytes_sent.fetch_add(n);
       if (m.kind == malformed_kind::cut_off || ec) {

@@ -268,6 +268,9 @@ int run() {
   runtime_options ro;
   ro.executor_threads = std::max(1, absl::GetFlag(FLAGS_threads));
   ro.copy_memory_budget = budget;
+  // Freed copy buffers kept for reuse count against the same bound, so that
+  // the memory held stays within a small multiple of the budget.
+  ro.host_cache_bytes = budget;
   if (absl::GetFlag(FLAGS_sim_gpus) > 0)
     ro.cuda = absl::StrCat("sim:", absl::GetFlag(FLAGS_sim_gpus));
   absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(ro);
