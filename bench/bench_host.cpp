@@ -11,6 +11,7 @@
 // many threads, into a warm destination, so allocation is charged to us).
 #include <benchmark/benchmark.h>
 
+#include "layouts.hpp"
 #include "median_reporter.hpp"
 
 #include <cstdio>
@@ -30,6 +31,10 @@
 #include "dlasync/dlasync.hpp"
 
 namespace {
+
+using dlasync::bench::copy_bytes;
+using dlasync::bench::layout;
+using dlasync::bench::make_layout;
 
 constexpr int workers = 2;
 
@@ -103,45 +108,6 @@ void baseline_co_await_post(benchmark::State& state) {
   io.run();
 }
 BENCHMARK(baseline_co_await_post);
-
-// Strided layouts whose compact copy is `bytes` long, of float32.
-struct layout {
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
-  std::int64_t first = 0;   // elements from the buffer start to the first element
-  std::int64_t buffer = 0;  // elements of backing buffer
-};
-
-layout make_layout(const std::string& kind, std::int64_t bytes) {
-  const std::int64_t n = bytes / 4;
-  if (kind == "rows") {  // every other row of runs of 256 floats: 1 KiB runs
-    const std::int64_t cols = 256;
-    const std::int64_t rows = std::max<std::int64_t>(1, n / cols);
-    return {{rows, cols}, {2 * cols, 1}, 0, 2 * rows * cols};
-  }
-  if (kind == "transpose2d") {
-    std::int64_t side = 1;
-    while ((side * 2) * (side * 2) <= n) side *= 2;
-    return {{side, side}, {1, side}, 0, side * side};
-  }
-  if (kind == "transpose3d") {  // (a, b, c) read as (a, c, b)
-    std::int64_t side = 1;
-    while ((side * 2) * (side * 2) * 8 <= n) side *= 2;
-    return {{8, side, side}, {side * side, 1, side}, 0, 8 * side * side};
-  }
-  if (kind == "broadcast") {  // one row of 256 repeated
-    return {{std::max<std::int64_t>(1, n / 256), 256}, {0, 1}, 0, 256};
-  }
-  // reversed rows
-  const std::int64_t rows = std::max<std::int64_t>(1, n / 256);
-  return {{rows, 256}, {-256, 1}, (rows - 1) * 256, rows * 256};
-}
-
-std::int64_t copy_bytes(const layout& l) {
-  std::int64_t count = 4;
-  for (std::int64_t e : l.shape) count *= e;
-  return count;
-}
 
 void kernel_copy(benchmark::State& state, const std::string& kind) {
   const layout l = make_layout(kind, state.range(0));

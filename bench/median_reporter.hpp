@@ -41,9 +41,8 @@ class median_reporter : public benchmark::ConsoleReporter {
 inline void initialize_with_medians(int argc, char** argv) {
   static std::string reps = "--benchmark_repetitions=5";
   static std::string only = "--benchmark_report_aggregates_only=true";
-  std::vector<char*> args(argv, argv + argc);
-  args.insert(args.begin() + 1, reps.data());
-  args.insert(args.begin() + 2, only.data());
+  std::vector<char*> args{argv[0], reps.data(), only.data()};
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
   int count = static_cast<int>(args.size());
   benchmark::Initialize(&count, args.data());
 }
