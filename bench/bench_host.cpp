@@ -14,9 +14,11 @@
 #include "layouts.hpp"
 #include "median_reporter.hpp"
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,7 @@
 namespace {
 
 using dlasync::bench::copy_bytes;
+using dlasync::bench::host_source;
 using dlasync::bench::layout;
 using dlasync::bench::make_layout;
 
@@ -53,23 +56,8 @@ std::int64_t max_bytes() {
   return text != nullptr ? std::atoll(text) : std::int64_t{64} << 20;
 }
 
-// A 64x64 float32 tensor with no deleter: wrapping it costs nothing.
-struct small_tensor {
-  float data[4096] = {};
-  std::int64_t shape[2] = {64, 64};
-  DLManagedTensorVersioned managed{};
-  small_tensor() {
-    managed.version = {1, 3};
-    managed.dl_tensor.data = data;
-    managed.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
-    managed.dl_tensor.ndim = 2;
-    managed.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
-    managed.dl_tensor.shape = shape;
-  }
-};
-
 void fast_path_inline(benchmark::State& state) {
-  small_tensor t;
+  host_source t(64, 64);
   const dlasync::device_registry& registry = bench_runtime().registry();
   for (auto _ : state) {
     dlasync::managed_tensor source(&t.managed);
@@ -80,7 +68,7 @@ void fast_path_inline(benchmark::State& state) {
 BENCHMARK(fast_path_inline);
 
 void fast_path_co_await(benchmark::State& state) {
-  small_tensor t;
+  host_source t(64, 64);
   dlasync::runtime& rt = bench_runtime();
   asio::io_context io;
   asio::co_spawn(
@@ -109,6 +97,59 @@ void baseline_co_await_post(benchmark::State& state) {
 }
 BENCHMARK(baseline_co_await_post);
 
+// Small imports from many concurrent coroutines: `coroutines` coroutines on
+// the runtime's executor each import 16x16 float32 tensors (1 KiB) with a
+// copy, one after the other; items per second is imports per second. The
+// baseline is the round trip such a copy makes at least: the same
+// coroutines each hop to the worker pool and back.
+constexpr int coroutines = 64;
+constexpr int imports_per_coroutine = 64;
+
+template <typename Body>
+void run_concurrently(benchmark::State& state, Body body) {
+  dlasync::runtime& rt = bench_runtime();
+  for (auto _ : state) {
+    std::atomic<int> left{coroutines};
+    std::promise<void> all_done;
+    for (int c = 0; c < coroutines; ++c) {
+      asio::co_spawn(
+          rt.get_executor(),
+          [&]() -> asio::awaitable<void> {
+            co_await body(rt);
+            if (left.fetch_sub(1) == 1) all_done.set_value();
+          },
+          asio::detached);
+    }
+    all_done.get_future().wait();
+  }
+  state.SetItemsProcessed(state.iterations() * coroutines * imports_per_coroutine);
+}
+
+void small_imports_concurrent(benchmark::State& state) {
+  run_concurrently(state, [](dlasync::runtime& rt) -> asio::awaitable<void> {
+    host_source t(16, 16);
+    dlasync::import_options o;
+    o.copy = true;
+    for (int i = 0; i < imports_per_coroutine; ++i) {
+      dlasync::managed_tensor source(&t.managed);
+      absl::StatusOr<dlasync::tensor> copy = co_await dlasync::import_dlpack(rt, source, o);
+      benchmark::DoNotOptimize(copy);
+    }
+  });
+}
+BENCHMARK(small_imports_concurrent)->UseRealTime();
+
+void baseline_pool_round_trips(benchmark::State& state) {
+  static asio::thread_pool pool(workers);
+  run_concurrently(state, [](dlasync::runtime&) -> asio::awaitable<void> {
+    for (int i = 0; i < imports_per_coroutine; ++i) {
+      // To the pool, and back to the coroutine's executor to resume.
+      co_await asio::post(pool, asio::use_awaitable);
+    }
+  });
+}
+BENCHMARK(baseline_pool_round_trips)->UseRealTime();
+
 void kernel_copy(benchmark::State& state, const std::string& kind) {
   const layout l = make_layout(kind, state.range(0));
   std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
@@ -133,31 +174,7 @@ void baseline_memcpy(benchmark::State& state) {
 }
 
 void import_copy(benchmark::State& state, const std::string& kind) {
-  const layout l = make_layout(kind, state.range(0));
-  std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
-  dlasync::runtime& rt = bench_runtime();
-  DLManagedTensorVersioned m{};
-  m.version = {1, 3};
-  m.dl_tensor.data = src.data();
-  m.dl_tensor.byte_offset = static_cast<std::uint64_t>(l.first) * 4;
-  m.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
-  m.dl_tensor.ndim = static_cast<std::int32_t>(l.shape.size());
-  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
-  std::vector<std::int64_t> shape = l.shape;
-  std::vector<std::int64_t> strides = l.strides;
-  m.dl_tensor.shape = shape.data();
-  m.dl_tensor.strides = strides.data();
-  dlasync::import_options o;
-  o.require_contiguous = true;
-  o.copy = true;
-  for (auto _ : state) {
-    dlasync::managed_tensor source(&m);
-    absl::StatusOr<dlasync::tensor> t =
-        dlasync::async_import_dlpack(rt, source, o, asio::use_future).get();
-    if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
-    benchmark::DoNotOptimize(t);
-  }
-  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
+  dlasync::bench::import_copies(state, bench_runtime(), kind);
 }
 
 void baseline_memcpy_threads(benchmark::State& state) {
@@ -213,6 +230,13 @@ void print_ratios(const dlasync::bench::median_reporter& r) {
   if (post_ns > 0) {
     std::printf("%-34s %10.1f %10.1f %8.2f\n", "co_await import vs co_await post", await_ns,
                 post_ns, await_ns / post_ns);
+  }
+  const double small_ns = get("small_imports_concurrent/real_time");
+  const double hops_ns = get("baseline_pool_round_trips/real_time");
+  if (small_ns > 0 && hops_ns > 0) {
+    const double per_round = coroutines * imports_per_coroutine;
+    std::printf("%-34s %10.0f %10.0f %8.2f\n", "small copies/s, 64 coroutines",
+                per_round * 1e9 / small_ns, per_round * 1e9 / hops_ns, hops_ns / small_ns);
   }
   std::printf("\n%-34s %10s %10s %8s\n", "copy (bandwidth ratio to memcpy)", "bytes", "GB/s",
               "ratio");

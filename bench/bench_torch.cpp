@@ -93,31 +93,7 @@ void view_torch(benchmark::State& state) {
 BENCHMARK(view_torch);
 
 void copy_dlasync(benchmark::State& state, const std::string& kind, int threads) {
-  const layout l = make_layout(kind, state.range(0));
-  std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
-  dlasync::runtime& rt = bench_runtime(threads);
-  DLManagedTensorVersioned m{};
-  m.version = {1, 3};
-  m.dl_tensor.data = src.data();
-  m.dl_tensor.byte_offset = static_cast<std::uint64_t>(l.first) * 4;
-  m.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
-  m.dl_tensor.ndim = static_cast<std::int32_t>(l.shape.size());
-  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
-  std::vector<std::int64_t> shape = l.shape;
-  std::vector<std::int64_t> strides = l.strides;
-  m.dl_tensor.shape = shape.data();
-  m.dl_tensor.strides = strides.data();
-  dlasync::import_options o;
-  o.require_contiguous = true;
-  o.copy = true;
-  for (auto _ : state) {
-    dlasync::managed_tensor source(&m);
-    absl::StatusOr<dlasync::tensor> t =
-        dlasync::async_import_dlpack(rt, source, o, asio::use_future).get();
-    if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
-    benchmark::DoNotOptimize(t);
-  }
-  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
+  dlasync::bench::import_copies(state, bench_runtime(threads), kind);
 }
 
 void copy_torch(benchmark::State& state, const std::string& kind, int threads) {

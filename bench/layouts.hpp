@@ -1,10 +1,16 @@
-// The strided float32 layouts the benchmarks copy to row-major order.
+// The strided float32 layouts the benchmarks copy to row-major order, host
+// tensors of them, and the copy-import loop the programs share.
 #pragma once
+
+#include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "asio/use_future.hpp"
+#include "dlasync/dlasync.hpp"
 
 namespace dlasync::bench {
 
@@ -45,6 +51,57 @@ inline std::int64_t copy_bytes(const layout& l) {
   std::int64_t count = 4;
   for (std::int64_t e : l.shape) count *= e;
   return count;
+}
+
+// A host float32 tensor of layout `l` over ones, without a deleter:
+// wrapping it in a managed_tensor costs nothing.
+struct host_source {
+  std::vector<float> data;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  DLManagedTensorVersioned managed{};
+
+  explicit host_source(const layout& l)
+      : data(static_cast<std::size_t>(l.buffer), 1.0f), shape(l.shape), strides(l.strides) {
+    init(l.first);
+    managed.dl_tensor.strides = strides.data();
+  }
+  // A compact rows x cols tensor with NULL strides (the common fast case).
+  host_source(std::int64_t rows, std::int64_t cols)
+      : data(static_cast<std::size_t>(rows * cols), 1.0f), shape{rows, cols} {
+    init(0);
+  }
+  host_source(const host_source&) = delete;
+  host_source& operator=(const host_source&) = delete;
+
+ private:
+  void init(std::int64_t first) {
+    managed.version = {1, 3};
+    managed.dl_tensor.data = data.data();
+    managed.dl_tensor.byte_offset = static_cast<std::uint64_t>(first) * 4;
+    managed.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
+    managed.dl_tensor.ndim = static_cast<std::int32_t>(shape.size());
+    managed.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
+    managed.dl_tensor.shape = shape.data();
+  }
+};
+
+// One whole copy import of `kind` at state.range(0) bytes per iteration,
+// into a compact tensor, completed through a future; bytes copied counted.
+inline void import_copies(benchmark::State& state, dlasync::runtime& rt, const std::string& kind) {
+  const layout l = make_layout(kind, state.range(0));
+  host_source src(l);
+  dlasync::import_options o;
+  o.require_contiguous = true;
+  o.copy = true;
+  for (auto _ : state) {
+    dlasync::managed_tensor source(&src.managed);
+    absl::StatusOr<dlasync::tensor> t =
+        dlasync::async_import_dlpack(rt, source, o, asio::use_future).get();
+    if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
+    benchmark::DoNotOptimize(t);
+  }
+  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
 }
 
 }  // namespace dlasync::bench

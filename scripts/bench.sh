@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The benchmarks in one command. Installs what is missing (Debian's
+# libtorch-dev for the PyTorch comparison and gnuplot-nox for the plot, next
+# to the build's own packages), builds Release in build-bench/, runs
+#   - dlasync_bench_host: zero-copy import cost, strided copies (kernel and
+#     whole imports) against memcpy, small-tensor imports per second;
+#   - dlasync_bench_torch: against at::fromDLPack and contiguous();
+#   - dlasync_bench_gpu: on the first GPU when there is one, else on one
+#     simulated GPU (reported as simulated: there "vs pinned" is the staging
+#     pipeline's rate over the bound the simulated link allows);
+# and writes, for the machine name given (default: the host name):
+#   bench/results/<machine>.csv   every benchmark's median real time and rate
+#   bench/results/<machine>.txt   the programs' ratio tables
+#   bench/results/<machine>.png   copy bandwidth against size
+# and puts the ratio tables into docs/performance.md ("Latest results").
+#
+#   scripts/bench.sh [machine]
+#   DLASYNC_BENCH_MAX_BYTES=N   largest host copy (default 256 MiB)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+machine=${1:-$(hostname -s)}
+max_bytes=${DLASYNC_BENCH_MAX_BYTES:-268435456}
+
+bash scripts/install-deps.sh libtorch-dev gnuplot-nox
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
+  -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF -DDLASYNC_BUILD_BENCH=ON >/dev/null
+cmake --build build-bench --parallel "$(nproc)"
+
+work=build-bench/results
+out=bench/results
+mkdir -p "$work" "$out"
+rm -f "$work"/*.csv "$work"/*.log
+
+# run NAME PROGRAM: medians of 5 (the programs' default), CSV kept.
+run() {
+  local name=$1
+  shift
+  echo "== $name"
+  "$@" --benchmark_min_time=0.05 --benchmark_color=false \
+    --benchmark_out="$work/$name.csv" --benchmark_out_format=csv >"$work/$name.log" 2>&1 ||
+    { tail -20 "$work/$name.log"; echo "$name failed"; exit 1; }
+}
+
+DLASYNC_BENCH_MAX_BYTES=$max_bytes run host build-bench/bench/dlasync_bench_host
+if [ -x build-bench/bench/dlasync_bench_torch ]; then
+  DLASYNC_BENCH_MAX_BYTES=$max_bytes run torch build-bench/bench/dlasync_bench_torch
+else
+  echo "== torch: not built (libtorch not found)"
+fi
+gpu_label=gpu
+if nvidia-smi -L >/dev/null 2>&1; then
+  DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=1073741824 run gpu build-bench/bench/dlasync_bench_gpu
+else
+  gpu_label=simulated_gpu
+  DLASYNC_CUDA=sim:1 DLASYNC_BENCH_MAX_BYTES=67108864 run gpu build-bench/bench/dlasync_bench_gpu
+fi
+
+# The CSV: program, benchmark, median real time, its unit, bytes and items
+# per second.
+{
+  echo "program,benchmark,real_time,time_unit,bytes_per_second,items_per_second"
+  for f in "$work"/*.csv; do
+    program=$(basename "$f" .csv)
+    awk -F, -v program="$program" '
+      /_median"?,/ {
+        name = $1; gsub(/"/, "", name); sub(/_median$/, "", name)
+        printf "%s,%s,%s,%s,%s,%s\n", program, name, $3, $5, $6, $7
+      }' "$f"
+  done
+} >"$out/$machine.csv"
+
+# The ratio tables, as the programs print them.
+{
+  echo "dlasync benchmarks on $machine, $(date -u +%Y-%m-%d)"
+  for name in host torch gpu; do
+    [ -f "$work/$name.log" ] || continue
+    echo
+    sed -n '/ratio table/,$p;/^skipped/p' "$work/$name.log"
+  done
+} >"$out/$machine.txt"
+
+# The plot: bandwidth against size for memcpy, dlasync and PyTorch on two
+# layouts, 2 threads each (from the PyTorch comparison when it ran, else
+# dlasync's whole imports from the host program).
+series="$work/series"
+rm -rf "$series"
+mkdir -p "$series"
+awk -F, -v dir="$series" -v gpu="$gpu_label" 'NR > 1 && $5 != "" {
+    split($2, part, "/")
+    file = ""; x = ""
+    if ($1 == "torch" && part[1] == "memcpy") { file = "memcpy"; x = part[2] }
+    else if ($1 == "torch" && (part[2] == "rows" || part[2] == "transpose2d") && part[3] == "t2") {
+      file = part[1] "_" part[2]; x = part[4]
+    } else if ($1 == "gpu" && part[1] == "h2d") { file = gpu "_h2d_" part[2]; x = part[3] }
+    if (file != "") print x, $5 / 1e9 >> (dir "/" file ".dat")
+  }' "$out/$machine.csv"
+plots=""
+for f in "$series"/*.dat; do
+  [ -f "$f" ] || continue
+  sort -n -o "$f" "$f"
+  title=$(basename "$f" .dat | tr '_' ' ')
+  plots="${plots:+$plots, }'$f' using 1:2 with linespoints title '$title'"
+done
+if [ -n "$plots" ]; then
+  gnuplot <<EOF
+set terminal pngcairo size 900,560
+set output '$out/$machine.png'
+set title 'dlasync on $machine: bandwidth against size (medians, 2 threads)'
+set logscale x 2
+set xlabel 'bytes copied'
+set ylabel 'GB/s'
+set key left top
+set grid
+plot $plots
+EOF
+fi
+
+# The table in docs/performance.md, between its markers.
+block="$work/performance-block.md"
+{
+  echo "<!-- bench.sh results begin -->"
+  echo "Latest run of \`scripts/bench.sh $machine\` ($(date -u +%Y-%m-%d)); CSV and plot in"
+  echo "\`bench/results/\`."
+  echo
+  [ -n "$plots" ] && echo "![copy bandwidth against size](../bench/results/$machine.png)" && echo
+  echo '```'
+  cat "$out/$machine.txt"
+  echo '```'
+  echo "<!-- bench.sh results end -->"
+} >"$block"
+awk -v block="$block" '
+  /<!-- bench.sh results begin -->/ { while ((getline line < block) > 0) print line; skip = 1; next }
+  /<!-- bench.sh results end -->/ { skip = 0; next }
+  !skip { print }' docs/performance.md >"$work/performance.md"
+if grep -q "bench.sh results begin" docs/performance.md; then
+  cp "$work/performance.md" docs/performance.md
+else
+  { echo; echo "## Latest results"; echo; cat "$block"; } >>docs/performance.md
+fi
+
+echo
+cat "$out/$machine.txt"
+echo
+echo "wrote $out/$machine.csv, $out/$machine.txt${plots:+, $out/$machine.png}, docs/performance.md"
