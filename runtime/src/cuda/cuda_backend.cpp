@@ -200,7 +200,11 @@ class cuda_context {
     auto shared = std::make_shared<state>();
     shared->left.store(streams.size());
     shared->done = std::move(done);
-    for (const auto& [device, s] : streams) {
+    for (const auto& entry : streams) {
+      // Named copies, not a structured binding: the lambda below captures
+      // them (clang before 16 cannot capture bindings).
+      const int device = entry.first;
+      const cuda::stream_t s = entry.second;
       marker_ptr m;
       for (int attempt = 0; attempt < drain_record_attempts; ++attempt) {
         m = on_device(device, [&] { return record(device, s); });
