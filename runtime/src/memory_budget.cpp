@@ -27,6 +27,15 @@ std::uint64_t memory_budget::acquire(std::uint64_t bytes, grant_fn fn) {
   return ticket;
 }
 
+bool memory_budget::try_acquire(std::uint64_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (!waiters_.empty() || (limit_ != 0 && (bytes > limit_ || limit_ - in_use_ < bytes))) {
+    return false;
+  }
+  in_use_ += bytes;
+  return true;
+}
+
 bool memory_budget::cancel(std::uint64_t ticket, absl::Status why) {
   grant_fn fn;
   {

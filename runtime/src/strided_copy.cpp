@@ -16,6 +16,45 @@ constexpr std::int64_t run_unit_bytes = 256 * 1024;
 constexpr std::int64_t gather_unit_bytes = 64 * 1024;
 constexpr std::int64_t tile = 32;
 constexpr std::int64_t tile_run_bytes = 512;
+// Copies that write at least this much bypass the caches with non-temporal
+// stores where the CPU has them: a destination this large would evict the
+// source from the cache anyway, and a normal store first reads the line it
+// writes.
+constexpr std::uint64_t stream_min_bytes = 8 << 20;
+constexpr std::int64_t line_bytes = 64;
+
+#if defined(__SSE2__)
+constexpr bool can_stream = true;
+#else
+constexpr bool can_stream = false;
+#endif
+
+// memcpy, with non-temporal stores when `stream` (and an sfence before the
+// copy is published: see strided_copy::run).
+inline void copy_bytes(char* dst, const char* src, std::size_t n, bool stream) {
+#if defined(__SSE2__)
+  if (stream && n >= 64) {
+    const std::size_t head = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    for (; n >= 64; n -= 64, dst += 64, src += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+    }
+  }
+#else
+  (void)stream;
+#endif
+  std::memcpy(dst, src, n);
+}
 
 template <std::size_t N>
 inline void copy_element(char* dst, const char* src) {
@@ -89,18 +128,19 @@ struct micro_transpose<2> {
 };
 #endif
 
-// Rows [r0, r1) of the tile dimension (source stride N bytes) against all
-// `cols` columns of the last dimension (destination stride N bytes), in
-// tile-wide column strips, with register transposes where there are some.
+// Rows [r0, r1) of the tile dimension (source stride N bytes) against
+// columns [c_begin, cols) of the last dimension (destination stride N
+// bytes), in tile-wide column strips, with register transposes where there
+// are some.
 template <std::size_t N>
-void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
-                    std::int64_t r1, std::int64_t cols) {
+void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
+                    std::int64_t r1, std::int64_t c_begin, std::int64_t cols) {
   constexpr std::int64_t b = micro_transpose<N>::size;
   constexpr auto n = static_cast<std::int64_t>(N);
   auto element = [&](std::int64_t r, std::int64_t c) {
     copy_element<N>(d + r * d_row + c * n, s + r * n + c * s_col);
   };
-  for (std::int64_t c0 = 0; c0 < cols; c0 += tile) {
+  for (std::int64_t c0 = c_begin; c0 < cols; c0 += tile) {
     const std::int64_t c1 = std::min(c0 + tile, cols);
     std::int64_t r = r0;
     if constexpr (b > 0) {
@@ -117,6 +157,44 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
     for (; r < r1; ++r) {
       for (std::int64_t c = c0; c < c1; ++c) element(r, c);
     }
+  }
+}
+
+// transpose_rect over all columns, by whole cache lines where it can: a
+// square of one line's worth of elements (16 floats) is read line by line
+// from the source, transposed through a buffer in L1, and written line by
+// line to the destination. Reading and writing whole lines at once keeps
+// power-of-two row strides, whose lines compete for the same cache sets,
+// from evicting a line before it is used up.
+template <std::size_t N>
+void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
+                    std::int64_t r1, std::int64_t cols, bool stream) {
+  constexpr std::int64_t b = micro_transpose<N>::size;
+  if constexpr (b > 0 && N <= 16) {
+    constexpr auto n = static_cast<std::int64_t>(N);
+    constexpr std::int64_t l = line_bytes / n;  // elements per line
+    const std::int64_t r_end = r0 + (r1 - r0) / l * l;
+    const std::int64_t c_end = cols / l * l;
+    alignas(64) char buffer[l * line_bytes];
+    for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
+      for (std::int64_t r = r0; r < r_end; r += l) {
+        for (std::int64_t cc = 0; cc < l; cc += b) {
+          for (std::int64_t rr = 0; rr < l; rr += b) {
+            micro_transpose<N>::run(s + (r + rr) * n + (c0 + cc) * s_col, s_col,
+                                    buffer + rr * line_bytes + cc * n, line_bytes);
+          }
+        }
+        for (std::int64_t rr = 0; rr < l; ++rr) {
+          copy_bytes(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes, stream);
+        }
+      }
+    }
+    // The edges: the last columns of these rows, and the last rows.
+    if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
+    if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
+  } else {
+    (void)stream;
+    transpose_rect<N>(s, s_col, d, d_row, r0, r1, 0, cols);
   }
 }
 
@@ -271,14 +349,15 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
 
   const int last = ndim_ - 1;
   const std::int64_t extent = shape_[split_dim_];
+  const bool stream = can_stream && bytes_ >= stream_min_bytes;
   for (std::int64_t u = begin; u < end; ++u) {
     const std::int64_t lo = block * block_;
     const std::int64_t hi = std::min(lo + block_, extent);
     const char* s = src + src_off;
     char* d = dst + dst_off;
     if (kernel_ == kernel::runs) {
-      std::memcpy(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
-                  static_cast<std::size_t>(hi - lo) * es);
+      copy_bytes(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
+                 static_cast<std::size_t>(hi - lo) * es, stream);
     } else if (kernel_ == kernel::gather) {
       const std::int64_t ss = src_stride_[last];
       for (std::int64_t i = lo; i < hi; ++i) {
@@ -292,7 +371,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
       std::int64_t mid_dst = 0;
       while (true) {
         transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], lo,
-                          hi, shape_[last]);
+                          hi, shape_[last], stream);
         int j = middle - 1;
         for (; j >= 0; --j) {
           const int dim = middle_dims_[j];
@@ -319,6 +398,11 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
       }
     }
   }
+#if defined(__SSE2__)
+  // Non-temporal stores are weakly ordered: make them visible before
+  // whatever publishes the copy (a release store, a mutex, an event).
+  if (stream) _mm_sfence();
+#endif
 }
 
 }  // namespace dlasync

@@ -52,6 +52,24 @@ TEST_CASE("a cancelled wait ends with the given status and lets others in", "[ru
   CHECK_FALSE(budget.cancel(ticket, absl::CancelledError("again")));
 }
 
+TEST_CASE("try_acquire grants only what fits with nobody waiting", "[runtime][budget]") {
+  memory_budget budget(100);
+  CHECK(budget.try_acquire(60));
+  CHECK_FALSE(budget.try_acquire(50));   // does not fit now
+  CHECK_FALSE(budget.try_acquire(101));  // never fits: the caller reports that
+  CHECK(budget.in_use() == 60);
+  absl::Status waiter = absl::UnknownError("not called");
+  budget.acquire(50, [&](absl::Status s) { waiter = s; });
+  CHECK(budget.waiting() == 1);
+  CHECK_FALSE(budget.try_acquire(10));  // would overtake the waiter
+  budget.release(60);
+  CHECK(waiter.ok());
+  CHECK(budget.try_acquire(50));
+  CHECK(budget.in_use() == 100);
+  memory_budget unlimited(0);
+  CHECK(unlimited.try_acquire(std::uint64_t{1} << 40));
+}
+
 TEST_CASE("an unlimited budget never waits", "[runtime][budget]") {
   memory_budget budget(0);
   int granted = 0;

@@ -189,6 +189,36 @@ TEST_CASE("device memory has a capacity and is freed in stream order", "[cuda][s
   sim.stream_destroy(s);
 }
 
+TEST_CASE("device memory kept for reuse comes back for the same size, within its bound",
+          "[cuda][sim]") {
+  sim_options o;
+  o.memory_per_device = 10000;
+  o.device_reuse_bytes = 1024;
+  sim_api sim(o);
+  stream_t s = new_stream(sim);
+  void* a = nullptr;
+  void* big = nullptr;
+  REQUIRE(sim.malloc_async(&a, 1000, s) == error::success);
+  REQUIRE(sim.malloc_async(&big, 2000, s) == error::success);
+  sim.free_async(a, s);
+  sim.free_async(big, s);  // more than the bound: freed for good
+  CHECK(testing::eventually([&] { return sim.device_bytes_in_use(0) == 0; }));
+  void* again = nullptr;
+  REQUIRE(sim.malloc_async(&again, 1000, s) == error::success);
+  CHECK(again == a);
+  CHECK(sim.device_bytes_in_use(0) == 1000);
+  pointer_attributes attr;
+  REQUIRE(sim.pointer_get_attributes(&attr, again) == error::success);
+  CHECK(attr.type == memory_type::device);
+  void* other = nullptr;  // another size: fresh memory
+  REQUIRE(sim.malloc_async(&other, 512, s) == error::success);
+  CHECK(other != a);
+  sim.free_async(again, s);
+  sim.free_async(other, s);
+  CHECK(testing::eventually([&] { return sim.device_bytes_in_use(0) == 0; }));
+  sim.stream_destroy(s);
+}
+
 TEST_CASE("injected failures hit the chosen call, sticky errors hit everything", "[cuda][sim]") {
   sim_api sim;
   stream_t s = new_stream(sim);

@@ -117,6 +117,16 @@ TEST_CASE("transposes are copied in cache tiles", "[runtime][copy]") {
   check_layout(middle);
 }
 
+TEST_CASE("copies of 8 MiB and more (non-temporal stores) match the reference", "[runtime][copy]") {
+  // Ragged transposes: whole-line tiles, then the edges.
+  check_layout({4, {1500, 1500}, {1, 1500}});
+  check_layout({2, {2050, 2100}, {1, 2050}});
+  check_layout({8, {1030, 1030}, {1, 1030}});
+  // Runs of 4 KiB at an odd offset, and runs of 4 KiB + 12 bytes.
+  check_layout({4, {2100, 1024}, {2051, 1}});
+  check_layout({1, {2100, 4108}, {5000, 1}});
+}
+
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {
   CHECK(strided_copy({4, {5, 6}, {1, 0}}).which() == strided_copy::kernel::gather);
   check_layout({4, {5, 6}, {1, 0}});

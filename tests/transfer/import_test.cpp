@@ -71,6 +71,77 @@ TEST_CASE("a zero-copy import completes without suspending", "[transfer][import]
   CHECK(count.calls == 1);
 }
 
+TEST_CASE("a small host copy completes without suspending, its source released",
+          "[transfer][import]") {
+  std::unique_ptr<runtime> rt = make_runtime();
+  REQUIRE(rt->options().inline_copy_bytes >= 16 * 16 * 4);
+  matrix_source m(16, 16);
+  m.spec.strides = {1, 16};  // a transpose: the copy is a gather
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  asio::io_context io;
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        absl::StatusOr<tensor> t = co_await import_dlpack(*rt, source, to_second_cpu());
+        REQUIRE(t.ok());
+        CHECK(t->is_copy());
+        CHECK(count.calls == 1);  // released before the result arrives
+        const float* out = static_cast<const float*>(t->data());
+        CHECK(out[1] == 16.0f);  // row 0 of the transpose: 0, 16, 32, ...
+        CHECK(out[16] == 1.0f);
+        CHECK(rt->copy_budget().in_use() == 16 * 16 * 4);
+        done = true;
+      },
+      asio::detached);
+  io.run_one();  // the spawn itself: the copy needs no second turn
+  CHECK(done);
+  CHECK(rt->copy_budget().in_use() == 0);  // returned with the tensor
+  CHECK(rt->in_flight() == 0);
+}
+
+TEST_CASE("small copies go to the workers when inline copies are off or the budget is queued",
+          "[transfer][import]") {
+  for (bool off : {true, false}) {
+    runtime_options o;
+    o.topology = process_topology::single_process(2);
+    o.worker_threads = 2;
+    o.copy_memory_budget = 4096;
+    if (off) o.inline_copy_bytes = 0;
+    std::unique_ptr<runtime> rt = *runtime::create(o);
+    std::uint64_t ticket = 0;
+    if (!off) {
+      // Someone waits for the budget: a small copy must not overtake it.
+      REQUIRE(rt->copy_budget().try_acquire(4096));
+      ticket = rt->copy_budget().acquire(4096, [](absl::Status) {});
+      REQUIRE(rt->copy_budget().waiting() == 1);
+    }
+    matrix_source m(4, 4);
+    deleter_count count;
+    managed_tensor source = make_tensor(m.spec, count);
+    asio::io_context io;
+    bool done = false;
+    asio::co_spawn(
+        io,
+        [&]() -> asio::awaitable<void> {
+          absl::StatusOr<tensor> t = co_await import_dlpack(*rt, source, to_second_cpu());
+          CHECK(t.ok());
+          done = true;
+        },
+        asio::detached);
+    io.run_one();
+    CHECK_FALSE(done);  // suspended: the copy went the asynchronous way
+    if (!off) {
+      CHECK(rt->copy_budget().cancel(ticket, absl::CancelledError("test")));
+      rt->copy_budget().release(4096);
+    }
+    io.run();
+    CHECK(done);
+    CHECK(count.calls == 1);
+  }
+}
+
 TEST_CASE("a callback is not called inside the initiating function, then exactly once",
           "[transfer][import]") {
   std::unique_ptr<runtime> rt = make_runtime();
@@ -322,7 +393,13 @@ TEST_CASE("the deleter runs only after the copy has read the source", "[transfer
 
 TEST_CASE("10,000 concurrent imports from several threads each complete once",
           "[transfer][import][load]") {
-  std::unique_ptr<runtime> rt = make_runtime();
+  // Small copies inline (the default), and all through the workers.
+  const std::uint64_t inline_bytes = GENERATE(std::uint64_t{64} << 10, std::uint64_t{0});
+  runtime_options o;
+  o.topology = process_topology::single_process(2);
+  o.worker_threads = 2;
+  o.inline_copy_bytes = inline_bytes;
+  std::unique_ptr<runtime> rt = *runtime::create(o);
   constexpr int threads = 4;
   constexpr int per_thread = 2500;
   constexpr int total = threads * per_thread;

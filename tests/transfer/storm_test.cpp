@@ -80,6 +80,9 @@ round_totals storm_round(std::uint32_t seed, int imports) {
   o.staging_chunk_bytes = 4 << 10;
   // Every other round, a budget small enough that imports wait for it.
   o.copy_memory_budget = seed % 2 == 0 ? 0 : 256 << 10;
+  // Every third round, small host copies run inline (the default); else
+  // they take the workers, which cancellation and shutdown can interrupt.
+  if (seed % 3 != 0) o.inline_copy_bytes = 0;
   absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(std::move(o));
   REQUIRE(created.ok());
   std::unique_ptr<runtime> rt = *std::move(created);

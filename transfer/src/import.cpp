@@ -1,8 +1,10 @@
 #include "dlasync/transfer/import.hpp"
 
 #include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "dlasync/runtime/strided_copy.hpp"
 
 namespace dlasync {
 namespace detail {
@@ -39,6 +41,14 @@ absl::Status shutting_down() {
       "consumed: import it on another runtime");
 }
 
+// Shutdown began between the call and the start of the copy: the tensor
+// was already consumed.
+absl::Status shut_down_before_copy() {
+  return absl::UnavailableError(
+      "the dlasync runtime began shutting down before the copy started; the source tensor was "
+      "released: import it on another runtime");
+}
+
 }  // namespace
 
 import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
@@ -67,6 +77,53 @@ import_start begin_import(runtime& rt, managed_tensor& source, const import_opti
   return start;
 }
 
+namespace {
+
+bool host_memory(device d) {
+  return d.kind == device_kind::cpu || d.kind == device_kind::cuda_host;
+}
+
+}  // namespace
+
+std::optional<import_result> copy_inline(runtime& rt, managed_tensor& source,
+                                         const import_plan& plan) {
+  if (plan.byte_size > rt.options().inline_copy_bytes || plan.target.kind != device_kind::cpu ||
+      !host_memory(plan.source) || plan.producer_stream != -1 || plan.consumer_stream != -1) {
+    return std::nullopt;
+  }
+  const std::shared_ptr<memory_budget>& budget = rt.copy_budget_ptr();
+  const std::uint64_t bytes = plan.byte_size;
+  if (!budget->try_acquire(bytes)) return std::nullopt;
+  // Registered, so that a shutdown on another thread waits for the copy.
+  const std::uint64_t op = rt.begin_operation([] {});
+  if (op == 0) {
+    budget->release(bytes);
+    return import_result(shut_down_before_copy());
+  }
+  absl::StatusOr<device_buffer> allocated =
+      rt.backend_for(plan.target).allocate(plan.target, bytes, plan.alignment, {plan.target, 0});
+  if (!allocated.ok()) {
+    budget->release(bytes);
+    rt.end_operation(op);
+    return std::nullopt;
+  }
+  const DLTensor& dl = *source.dl_tensor();
+  const strided_copy copy(source_layout(dl, plan));
+  copy.run(reinterpret_cast<const void*>(plan.address), allocated->data(), 0, copy.units());
+  const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
+  void* data = allocated->data();
+  device_buffer buffer(plan.target, data, bytes,
+                       [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
+                         memory.reset();
+                         budget->release(n);
+                       });
+  // Nothing reads the source any more.
+  managed_tensor consumed = std::move(source);
+  consumed.reset();
+  rt.end_operation(op);
+  return tensor::make_copy(std::move(buffer), plan, shape);
+}
+
 std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
                                       const import_options& options) {
   std::vector<import_start> members;
@@ -90,7 +147,7 @@ void copy_import::start() {
   op_id_ = rt_.begin_operation([weak] {
     if (std::shared_ptr<copy_import> self = weak.lock()) self->cancel();
   });
-  if (op_id_ == 0) return finish(shutting_down());
+  if (op_id_ == 0) return finish(shut_down_before_copy());
   if (!plan_.needs_copy()) {
     // A view of GPU memory still being written: hand it out when the
     // producer's stream has reached this point.
@@ -254,6 +311,7 @@ void batch_import::start(runtime& rt, std::vector<import_start> members) {
   remaining_.store(members.size() + 1, std::memory_order_relaxed);
   for (std::size_t i = 0; i < members.size(); ++i) {
     import_start& m = members[i];
+    if (!m.ready) m.ready = copy_inline(rt, m.source, m.plan);
     if (m.ready) {
       member_done(i, std::move(*m.ready));
       continue;
@@ -304,6 +362,10 @@ asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tenso
                                                       import_options options) {
   detail::import_start start = detail::begin_import(rt, source, options);
   if (start.ready) co_return std::move(*start.ready);
+  if (std::optional<detail::import_result> copied =
+          detail::copy_inline(rt, start.source, start.plan)) {
+    co_return *std::move(copied);
+  }
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
                                           void(absl::StatusOr<tensor>)>(
       detail::initiate_import{&rt}, asio::use_awaitable, std::move(start));

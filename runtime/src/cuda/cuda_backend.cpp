@@ -462,15 +462,16 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
         device_(device),
         to_device_(to_device),
         control_(job.control),
-        copy_(job.layout, ctx.options().staging_chunk_bytes),
+        piece_(piece_bytes(job.layout, ctx.options().staging_chunk_bytes)),
+        copy_(job.layout, piece_),
         host_src_(job.source),
         device_src_(static_cast<const char*>(device_source)),
         dst_(static_cast<char*>(job.destination)),
         streams_(ctx.staging(device)),
         done_(std::make_shared<completion_marker>()) {
-    // Chunks of whole units up to the chunk size (a unit larger than a
+    // Pieces of whole units up to the piece size (a unit larger than a
     // chunk would not fit: copies here are compact or cut finely enough).
-    const std::uint64_t limit = ctx.options().staging_chunk_bytes;
+    const std::uint64_t limit = piece_;
     if (to_device_) {
       std::int64_t begin = 0;
       const std::int64_t units = copy_.units();
@@ -486,6 +487,18 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
                            static_cast<std::int64_t>(std::min(at + limit, copy_.bytes()))});
       }
     }
+  }
+
+  // What one chunk carries: a whole chunk, but a transfer of less than
+  // min_pieces chunks is cut into min_pieces pieces (of 256 KiB at least),
+  // so that gathering, the link and the copy out overlap for it too: with
+  // one piece they would take turns.
+  static std::uint64_t piece_bytes(const strided_layout& layout, std::uint64_t chunk) {
+    constexpr std::uint64_t min_pieces = 8;
+    std::uint64_t bytes = layout.element_size;
+    for (std::int64_t e : layout.shape) bytes *= static_cast<std::uint64_t>(e);
+    return std::clamp<std::uint64_t>(bytes / min_pieces, std::min<std::uint64_t>(256 << 10, chunk),
+                                     chunk);
   }
 
   marker_ptr done() const { return done_; }
@@ -671,6 +684,7 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   const int device_;
   const bool to_device_;
   std::shared_ptr<copy_control> control_;
+  const std::uint64_t piece_;  // bytes a chunk carries, at most
   strided_copy copy_;
   const void* host_src_;
   const char* device_src_;

@@ -55,13 +55,21 @@ struct sim_api::event {
 };
 
 // A copy engine: one copy at a time.
+// A copy engine: a timeline of the link. Each copy reserves the next free
+// slot of bytes / bandwidth, in arrival order, then sleeps until its slot
+// ends. Slots follow each other on the timeline, not on the moments the
+// sleeps really end, so that the oversleeping of one copy does not slow the
+// link down.
 struct sim_api::engine {
-  std::mutex busy;
+  std::mutex mutex;
+  std::chrono::steady_clock::time_point free_at{};
 };
 
 sim_api::sim_api(sim_options options)
     : options_(options),
       device_used_(static_cast<std::size_t>(options.devices), 0),
+      reusable_(static_cast<std::size_t>(options.devices)),
+      reusable_bytes_(static_cast<std::size_t>(options.devices), 0),
       peer_enabled_(static_cast<std::size_t>(options.devices),
                     std::vector<bool>(static_cast<std::size_t>(options.devices), false)) {
   const int per_device = std::max(1, std::min(options_.copy_engines, 2));
@@ -91,6 +99,9 @@ sim_api::~sim_api() {
   streams.clear();
   default_streams_.clear();
   for (auto& [address, a] : memory_) std::free(reinterpret_cast<void*>(address));
+  for (auto& blocks : reusable_) {
+    for (auto& [size, pointer] : blocks) std::free(pointer);
+  }
 }
 
 void sim_api::start_worker(stream& s) {
@@ -284,17 +295,22 @@ void sim_api::run_copy(int device, int direction, std::size_t bytes, double gbps
   engine* e =
       direction < 2 ? engines_[static_cast<std::size_t>(device * 2 + direction)].get() : nullptr;
   if (direction < 2 && e == nullptr) e = engines_[static_cast<std::size_t>(device * 2)].get();
-  std::unique_lock<std::mutex> hold;
-  if (e != nullptr) hold = std::unique_lock(e->busy);
+  const std::chrono::duration<double> seconds(static_cast<double>(bytes) / (gbps * 1e9));
+  const auto length = std::chrono::duration_cast<std::chrono::steady_clock::duration>(seconds);
+  const bool sleeps = seconds.count() * 1e6 >= options_.min_sleep_us;
+  auto start = std::chrono::steady_clock::now();
+  if (e != nullptr) {
+    std::lock_guard lock(e->mutex);
+    start = std::max(start, e->free_at);
+    e->free_at = start + length;
+  }
+  if (sleeps) std::this_thread::sleep_until(start);
   {
     std::lock_guard lock(mutex_);
     ++active_copies_;
     stats_.peak_active_copies = std::max(stats_.peak_active_copies, active_copies_);
   }
-  const double seconds = static_cast<double>(bytes) / (gbps * 1e9);
-  if (seconds * 1e6 >= options_.min_sleep_us) {
-    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  }
+  if (sleeps) std::this_thread::sleep_until(start + length);
   std::lock_guard lock(mutex_);
   --active_copies_;
 }
@@ -465,6 +481,18 @@ error sim_api::allocate(void** pointer, std::size_t bytes, memory_type type) {
     used += bytes;
   }
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+  if (type == memory_type::device && options_.device_reuse_bytes != 0) {
+    std::lock_guard lock(mutex_);
+    auto& reusable = reusable_[static_cast<std::size_t>(device)];
+    if (auto it = reusable.find(rounded); it != reusable.end()) {
+      void* p = it->second;
+      reusable.erase(it);
+      reusable_bytes_[static_cast<std::size_t>(device)] -= rounded;
+      memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, type};
+      *pointer = p;
+      return error::success;
+    }
+  }
   void* p = std::aligned_alloc(256, rounded);
   std::lock_guard lock(mutex_);
   if (p == nullptr) {
@@ -474,6 +502,22 @@ error sim_api::allocate(void** pointer, std::size_t bytes, memory_type type) {
   memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, type};
   *pointer = p;
   return error::success;
+}
+
+void sim_api::release_locked(std::map<std::uintptr_t, allocation>::iterator it) {
+  void* pointer = reinterpret_cast<void*>(it->first);
+  const allocation a = it->second;
+  device_used_[static_cast<std::size_t>(a.device)] -= a.bytes;
+  memory_.erase(it);
+  const std::size_t rounded = (std::max<std::size_t>(a.bytes, 1) + 255) / 256 * 256;
+  auto d = static_cast<std::size_t>(a.device);
+  if (a.type == memory_type::device &&
+      reusable_bytes_[d] + rounded <= options_.device_reuse_bytes) {
+    reusable_[d].emplace(rounded, pointer);
+    reusable_bytes_[d] += rounded;
+    return;
+  }
+  std::free(pointer);
 }
 
 error sim_api::free_async(void* pointer, stream_t stream_handle) {
@@ -490,10 +534,7 @@ error sim_api::free_async(void* pointer, stream_t stream_handle) {
   // Freed in stream order; a failed context still returns the memory.
   enqueue_always(s, [this, pointer] {
     std::lock_guard lock(mutex_);
-    auto it = memory_.find(reinterpret_cast<std::uintptr_t>(pointer));
-    device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.bytes;
-    memory_.erase(it);
-    std::free(pointer);
+    release_locked(memory_.find(reinterpret_cast<std::uintptr_t>(pointer)));
   });
   return error::success;
 }
@@ -503,6 +544,9 @@ error sim_api::malloc_host(void** pointer, std::size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (p == nullptr) return error::memory_allocation;
+  // Page-locked memory is resident: touch every page now, so that copies
+  // do not page-fault through it.
+  std::memset(p, 0, rounded);
   std::lock_guard lock(mutex_);
   memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, current_device, memory_type::host};
   pinned_ += bytes;
@@ -534,9 +578,7 @@ error sim_api::free_device(void* pointer) {
       (it->second.type != memory_type::managed && it->second.type != memory_type::device)) {
     return error::invalid_value;
   }
-  device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.bytes;
-  memory_.erase(it);
-  std::free(pointer);
+  release_locked(it);
   return error::success;
 }
 

@@ -39,6 +39,10 @@ class memory_budget {
   // for `cancel`.
   std::uint64_t acquire(std::uint64_t bytes, grant_fn fn);
 
+  // Reserves `bytes` only when they can be granted at once (they fit and
+  // nobody waits); true when granted. Never refuses with an error.
+  bool try_acquire(std::uint64_t bytes);
+
   // Ends the wait of `ticket` with `why`; false when it was already granted
   // or refused.
   bool cancel(std::uint64_t ticket, absl::Status why);

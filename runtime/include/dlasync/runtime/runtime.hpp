@@ -67,6 +67,11 @@ struct runtime_options {
   std::uint64_t copy_memory_budget = 0;
   // Host copies of at least this many bytes are split across the workers.
   std::uint64_t parallel_copy_bytes = 4 << 20;
+  // Host-to-host copies of at most this many bytes run on the thread that
+  // starts the import, inside the call, when the budget has room at once:
+  // such a copy takes less time than the hop to a worker and back. 0 sends
+  // every copy to the workers.
+  std::uint64_t inline_copy_bytes = 64 << 10;
   // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
   // this many bytes, so that imports do not page-fault through fresh memory.
   std::uint64_t host_cache_bytes = std::uint64_t{1} << 30;

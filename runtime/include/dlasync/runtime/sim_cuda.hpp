@@ -47,6 +47,12 @@ struct sim_options {
   double device_to_device_gbps = 400.0;
   // Copies shorter than this take no simulated time (sleeping is coarse).
   double min_sleep_us = 20.0;
+  // Freed device memory kept for reuse by size, up to this many bytes per
+  // device, so that the host pages standing in for it stay resident as
+  // device memory is: benchmarks set it, to keep host page faults out of
+  // simulated copy times. 0 (the default) frees at once, so that a
+  // sanitizer sees a read after free.
+  std::uint64_t device_reuse_bytes = 0;
 };
 
 struct sim_stats {
@@ -141,6 +147,8 @@ class sim_api final : public api {
   pointer_attributes locate(const void* pointer) const;
   // Memory of `type` on the current device, counted against its capacity.
   error allocate(void** pointer, std::size_t bytes, memory_type type);
+  // Frees device or managed memory, or keeps it for reuse; under mutex_.
+  void release_locked(std::map<std::uintptr_t, allocation>::iterator it);
   void start_worker(stream& s);
   // Runs `op` in stream order unless the context has failed since.
   void enqueue(const std::shared_ptr<stream>& s, std::function<void()> op);
@@ -172,6 +180,10 @@ class sim_api final : public api {
   std::vector<std::shared_ptr<stream>> default_streams_;  // per device
   std::map<std::uintptr_t, allocation> memory_;
   std::vector<std::uint64_t> device_used_;
+  // Freed device blocks kept for reuse (device_reuse_bytes): per device,
+  // by rounded size.
+  std::vector<std::multimap<std::size_t, void*>> reusable_;
+  std::vector<std::uint64_t> reusable_bytes_;
   std::uint64_t pinned_ = 0;
   std::vector<std::vector<bool>> peer_enabled_;
   sim_stats stats_;

@@ -9,14 +9,18 @@
 // consumed tensor's deleter runs exactly once: for a view, when the last
 // reference to the imported tensor goes; for a copy, as soon as the copy has
 // finished reading it, before the result is delivered, also on error,
-// cancellation and runtime shutdown. Deleters may run on a worker thread.
+// cancellation and runtime shutdown. Deleters may run on a worker thread, or
+// on the calling thread for a small host copy done inline (below).
 //
 // Stream ordering. Host memory has no streams: `options.stream` must be
 // none (or -1). The copy is enqueued on one of the target device's in-order
 // streams; CUDA producers' streams are honoured by the CUDA backend.
 //
 // Completion. A view needs no work: the awaitable form returns it without
-// suspending. Otherwise the result arrives when the copy is complete. The
+// suspending. Neither does a host-to-host copy of at most
+// runtime_options::inline_copy_bytes when the copy budget has room at once:
+// it is copied on the calling thread at initiation. Otherwise the result
+// arrives when the copy is complete. The
 // token form returns immediately; its handler is called exactly once, never
 // from inside the initiating function, on the handler's associated executor
 // (the runtime's executor when it has none). Completion signature:

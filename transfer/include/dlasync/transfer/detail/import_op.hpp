@@ -46,6 +46,14 @@ struct import_start {
 // Validates `source` against `options` and takes it only when that passes.
 import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options);
 
+// A small host-to-host copy of a consumed `source`, done here on the
+// calling thread: it takes less time than the hop to a worker and back
+// (runtime_options::inline_copy_bytes). Nothing when the import does not
+// qualify or cannot start at once (the budget has waiters, memory is
+// short): it then takes the asynchronous path, which waits or reports.
+std::optional<import_result> copy_inline(runtime& rt, managed_tensor& source,
+                                         const import_plan& plan);
+
 // begin_import for each of `sources`.
 std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
                                       const import_options& options);
@@ -139,6 +147,7 @@ struct initiate_import {
 
   template <typename Handler>
   void operator()(Handler&& handler, import_start start) const {
+    if (!start.ready) start.ready = copy_inline(*rt, start.source, start.plan);
     if (start.ready) {
       deliver_to<import_result>(std::forward<Handler>(handler), *rt)(std::move(*start.ready));
       return;
