@@ -98,7 +98,7 @@ void copy_dlasync(benchmark::State& state, const std::string& kind, int threads)
 
 void copy_torch(benchmark::State& state, const std::string& kind, int threads) {
   const layout l = make_layout(kind, state.range(0));
-  std::vector<float> src(static_cast<std::size_t>(l.buffer), 1.0f);
+  float* src = const_cast<float*>(dlasync::bench::ones(static_cast<std::size_t>(l.buffer)));
   at::set_num_threads(threads);
   // PyTorch does not accept negative strides (from_blob and fromDLPack
   // refuse them): such layouts are reported, not run.
@@ -108,8 +108,8 @@ void copy_torch(benchmark::State& state, const std::string& kind, int threads) {
       return;
     }
   }
-  const at::Tensor view = at::from_blob(src.data() + l.first, l.shape, l.strides,
-                                        at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor view =
+      at::from_blob(src + l.first, l.shape, l.strides, at::TensorOptions().dtype(at::kFloat));
   for (auto _ : state) {
     at::Tensor compact = view.contiguous();
     benchmark::DoNotOptimize(compact.data_ptr());
@@ -118,10 +118,11 @@ void copy_torch(benchmark::State& state, const std::string& kind, int threads) {
 }
 
 void baseline_memcpy(benchmark::State& state) {
-  std::vector<char> src(static_cast<std::size_t>(state.range(0)), 1);
-  std::vector<char> dst(src.size());
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const float* src = dlasync::bench::ones(bytes / 4 + 1);
+  char* dst = dlasync::bench::scratch(bytes);
   for (auto _ : state) {
-    std::memcpy(dst.data(), src.data(), src.size());
+    std::memcpy(dst, src, bytes);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * state.range(0));
@@ -133,7 +134,7 @@ const int thread_counts[] = {1, 2};
 std::vector<std::int64_t> sizes() {
   std::vector<std::int64_t> out;
   for (std::int64_t b = 64 << 10; b <= max_bytes(); b *= 16) out.push_back(b);
-  if (out.empty()) out.push_back(max_bytes());
+  if (out.empty() || out.back() < max_bytes()) out.push_back(max_bytes());  // 1 GiB: 4x 256 MiB
   return out;
 }
 

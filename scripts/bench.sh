@@ -15,12 +15,12 @@
 # and puts the ratio tables into docs/performance.md ("Latest results").
 #
 #   scripts/bench.sh [machine]
-#   DLASYNC_BENCH_MAX_BYTES=N   largest host copy (default 256 MiB)
+#   DLASYNC_BENCH_MAX_BYTES=N   largest host copy (default 1 GiB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 machine=${1:-$(hostname -s)}
-max_bytes=${DLASYNC_BENCH_MAX_BYTES:-268435456}
+max_bytes=${DLASYNC_BENCH_MAX_BYTES:-1073741824}
 
 bash scripts/install-deps.sh libtorch-dev gnuplot-nox
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
@@ -53,7 +53,7 @@ if nvidia-smi -L >/dev/null 2>&1; then
   DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=1073741824 run gpu build-bench/bench/dlasync_bench_gpu
 else
   gpu_label=simulated_gpu
-  DLASYNC_CUDA=sim:1 DLASYNC_BENCH_MAX_BYTES=67108864 run gpu build-bench/bench/dlasync_bench_gpu
+  DLASYNC_CUDA=sim:1 DLASYNC_BENCH_MAX_BYTES=268435456 run gpu build-bench/bench/dlasync_bench_gpu
 fi
 
 # The CSV: program, benchmark, median real time, its unit, bytes and items

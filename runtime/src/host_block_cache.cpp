@@ -2,13 +2,12 @@
 
 #include <bit>
 #include <cstdlib>
+#include <iterator>
 
 namespace dlasync::detail {
 
 host_block_cache::~host_block_cache() {
-  for (auto& [k, blocks] : free_) {
-    for (void* b : blocks) std::free(b);
-  }
+  for (const entry& e : order_) std::free(e.block);
 }
 
 std::uint64_t host_block_cache::size_class(std::uint64_t bytes) {
@@ -26,8 +25,11 @@ void* host_block_cache::acquire(std::uint64_t bytes, std::size_t alignment,
     std::lock_guard lock(mutex_);
     auto it = free_.find(key{capacity, alignment});
     if (it != free_.end() && !it->second.empty()) {
-      void* block = it->second.back();
+      // The most recently released: its pages are the likeliest in cache.
+      const lru::iterator e = it->second.back();
       it->second.pop_back();
+      void* block = e->block;
+      order_.erase(e);
       cached_ -= capacity;
       return block;
     }
@@ -39,15 +41,25 @@ void* host_block_cache::acquire(std::uint64_t bytes, std::size_t alignment,
 }
 
 void host_block_cache::release(void* block, std::uint64_t capacity, std::size_t alignment) {
-  if (capacity >= min_bytes_) {
+  if (capacity < min_bytes_ || capacity > cap_bytes_) return std::free(block);
+  std::vector<void*> evicted;
+  {
     std::lock_guard lock(mutex_);
-    if (cached_ + capacity <= cap_bytes_) {
-      free_[key{capacity, alignment}].push_back(block);
-      cached_ += capacity;
-      return;
+    while (cached_ + capacity > cap_bytes_) {
+      const entry oldest = order_.front();
+      std::vector<lru::iterator>& same = free_[oldest.k];
+      same.erase(same.begin());  // the oldest of its key is the first
+      order_.pop_front();
+      cached_ -= oldest.k.capacity;
+      evicted.push_back(oldest.block);
     }
+    const key k{capacity, alignment};
+    order_.push_back({k, block});
+    free_[k].push_back(std::prev(order_.end()));
+    cached_ += capacity;
   }
-  std::free(block);
+  // Outside the lock: giving large blocks back unmaps them.
+  for (void* b : evicted) std::free(b);
 }
 
 std::uint64_t host_block_cache::cached_bytes() const {

@@ -1,13 +1,17 @@
 // A cache of freed host blocks, so that large copies reuse memory whose
 // pages are already mapped instead of page-faulting through fresh memory on
 // every import. Blocks are kept by size class (four classes per power of
-// two, so at most a quarter of a block is slack) up to a byte cap; beyond
-// it they go back to the system. Shared by the host backend and by every
-// buffer it handed out, so buffers may outlive the runtime.
+// two, so at most a quarter of a block is slack) up to a byte cap. A block
+// released into a full cache makes room by giving the least recently
+// released blocks back to the system, so the cache follows the sizes in use
+// now; a block larger than the cap goes back at once. Shared by the host
+// backend and by every buffer it handed out, so buffers may outlive the
+// runtime.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <list>
 #include <mutex>
 #include <vector>
 
@@ -47,11 +51,19 @@ class host_block_cache {
     }
   };
 
+  struct entry {
+    key k;
+    void* block;
+  };
+  using lru = std::list<entry>;
+
   const std::uint64_t min_bytes_;
   const std::uint64_t cap_bytes_;
   mutable std::mutex mutex_;
   std::uint64_t cached_ = 0;
-  absl::flat_hash_map<key, std::vector<void*>> free_;
+  // Free blocks, least recently released first; and by key, oldest first.
+  lru order_;
+  absl::flat_hash_map<key, std::vector<lru::iterator>> free_;
 };
 
 }  // namespace dlasync::detail

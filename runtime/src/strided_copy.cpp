@@ -16,45 +16,7 @@ constexpr std::int64_t run_unit_bytes = 256 * 1024;
 constexpr std::int64_t gather_unit_bytes = 64 * 1024;
 constexpr std::int64_t tile = 32;
 constexpr std::int64_t tile_run_bytes = 512;
-// Copies that write at least this much bypass the caches with non-temporal
-// stores where the CPU has them: a destination this large would evict the
-// source from the cache anyway, and a normal store first reads the line it
-// writes.
-constexpr std::uint64_t stream_min_bytes = 8 << 20;
 constexpr std::int64_t line_bytes = 64;
-
-#if defined(__SSE2__)
-constexpr bool can_stream = true;
-#else
-constexpr bool can_stream = false;
-#endif
-
-// memcpy, with non-temporal stores when `stream` (and an sfence before the
-// copy is published: see strided_copy::run).
-inline void copy_bytes(char* dst, const char* src, std::size_t n, bool stream) {
-#if defined(__SSE2__)
-  if (stream && n >= 64) {
-    const std::size_t head = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;
-    std::memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    n -= head;
-    for (; n >= 64; n -= 64, dst += 64, src += 64) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
-      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
-      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
-      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
-    }
-  }
-#else
-  (void)stream;
-#endif
-  std::memcpy(dst, src, n);
-}
 
 template <std::size_t N>
 inline void copy_element(char* dst, const char* src) {
@@ -168,7 +130,7 @@ void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
 // from evicting a line before it is used up.
 template <std::size_t N>
 void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
-                    std::int64_t r1, std::int64_t cols, bool stream) {
+                    std::int64_t r1, std::int64_t cols) {
   constexpr std::int64_t b = micro_transpose<N>::size;
   if constexpr (b > 0 && N <= 16) {
     constexpr auto n = static_cast<std::int64_t>(N);
@@ -185,7 +147,7 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
           }
         }
         for (std::int64_t rr = 0; rr < l; ++rr) {
-          copy_bytes(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes, stream);
+          std::memcpy(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes);
         }
       }
     }
@@ -193,7 +155,6 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
     if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
     if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
   } else {
-    (void)stream;
     transpose_rect<N>(s, s_col, d, d_row, r0, r1, 0, cols);
   }
 }
@@ -349,15 +310,14 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
 
   const int last = ndim_ - 1;
   const std::int64_t extent = shape_[split_dim_];
-  const bool stream = can_stream && bytes_ >= stream_min_bytes;
   for (std::int64_t u = begin; u < end; ++u) {
     const std::int64_t lo = block * block_;
     const std::int64_t hi = std::min(lo + block_, extent);
     const char* s = src + src_off;
     char* d = dst + dst_off;
     if (kernel_ == kernel::runs) {
-      copy_bytes(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
-                 static_cast<std::size_t>(hi - lo) * es, stream);
+      std::memcpy(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(hi - lo) * es);
     } else if (kernel_ == kernel::gather) {
       const std::int64_t ss = src_stride_[last];
       for (std::int64_t i = lo; i < hi; ++i) {
@@ -371,7 +331,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
       std::int64_t mid_dst = 0;
       while (true) {
         transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], lo,
-                          hi, shape_[last], stream);
+                          hi, shape_[last]);
         int j = middle - 1;
         for (; j >= 0; --j) {
           const int dim = middle_dims_[j];
@@ -398,11 +358,6 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
       }
     }
   }
-#if defined(__SSE2__)
-  // Non-temporal stores are weakly ordered: make them visible before
-  // whatever publishes the copy (a release store, a mutex, an event).
-  if (stream) _mm_sfence();
-#endif
 }
 
 }  // namespace dlasync
