@@ -1,5 +1,8 @@
 // Imports to, from and between GPUs on two simulated GPUs.
 #include <chrono>
+#include <map>
+#include <numeric>
+#include <string>
 #include <thread>
 
 #include "asio/bind_cancellation_slot.hpp"
@@ -249,6 +252,52 @@ TEST_CASE("a large upload overlaps chunks on several streams and staging threads
   CHECK(st.peak_busy_streams >= 2);
   CHECK(st.pageable_copies == 0);
   CHECK(st.async_copies >= 16);
+}
+
+TEST_CASE("a one-piece upload travels on the import's stream, a larger one on the staging streams",
+          "[cuda][import][pipeline]") {
+  sim_runtime r = make_sim_runtime();  // 4 chunks of 64 KiB
+  auto calls_for = [&](std::int64_t side) {
+    // A transposed side x side float32 source: gathered, then uploaded.
+    std::vector<float> host(static_cast<std::size_t>(side * side));
+    std::iota(host.begin(), host.end(), 0.0f);
+    tensor_spec s;
+    s.shape = {side, side};
+    s.strides = std::vector<std::int64_t>{1, side};
+    s.data = host.data();
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.target = device{device_kind::cuda, 0};
+    const std::map<std::string, std::uint64_t> before = r.sim->call_counts();
+    absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
+    std::map<std::string, std::uint64_t> calls = r.sim->call_counts();
+    REQUIRE(t.ok());
+    CHECK(count.calls == 1);
+    const auto* out = static_cast<const float*>(t->data());
+    bool transposed = true;
+    for (std::int64_t i = 0; i < side && transposed; ++i) {
+      for (std::int64_t j = 0; j < side; ++j) {
+        if (out[i * side + j] != host[static_cast<std::size_t>(j * side + i)]) transposed = false;
+      }
+    }
+    CHECK(transposed);
+    for (auto& [name, n] : calls) {
+      auto it = before.find(name);
+      if (it != before.end()) n -= it->second;
+    }
+    return calls;
+  };
+
+  // 1 KiB: one piece, one copy, no stream waits.
+  std::map<std::string, std::uint64_t> small = calls_for(16);
+  CHECK(small["cudaMemcpyAsync"] == 1);
+  CHECK(small["cudaStreamWaitEvent"] == 0);
+  // 1 MiB: 16 chunks over the staging streams, ordered after the import's
+  // stream and it after them.
+  std::map<std::string, std::uint64_t> large = calls_for(512);
+  CHECK(large["cudaMemcpyAsync"] == 16);
+  CHECK(large["cudaStreamWaitEvent"] >= 2);
 }
 
 TEST_CASE("an exhausted pinned pool makes imports wait, not fail", "[cuda][import][pipeline]") {

@@ -493,6 +493,10 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   // min_pieces chunks is cut into min_pieces pieces (of 256 KiB at least),
   // so that gathering, the link and the copy out overlap for it too: with
   // one piece they would take turns.
+  // Gathers up to this size run on the thread that got the chunk (the
+  // importing thread, or the reactor handing a chunk back).
+  static constexpr std::uint64_t inline_gather_bytes = 64 << 10;
+
   static std::uint64_t piece_bytes(const strided_layout& layout, std::uint64_t chunk) {
     constexpr std::uint64_t min_pieces = 8;
     std::uint64_t bytes = layout.element_size;
@@ -514,7 +518,12 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
   // transfers must follow; when done, it follows the transfers.
   void start(cuda::stream_t after) {
     after_ = after;
+    // A transfer of one piece has nothing to overlap: it travels on the
+    // import's own stream, which spares ordering the staging streams after
+    // it and it after them (an event and a wait each way, per stream).
+    if (ranges_.size() == 1) streams_.assign(1, after);
     for (cuda::stream_t s : streams_) {
+      if (s == after) continue;
       if (absl::Status st = ctx_.order_after(device_, s, after); !st.ok()) fail(st);
     }
     remaining_ = ranges_.size();
@@ -570,6 +579,9 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
       return finish_one();
     }
     if (to_device_) {
+      // A small gather costs less than the hop to a worker and back.
+      const auto [begin, end] = ranges_[k];
+      if (bytes_of(begin, end) <= inline_gather_bytes) return gather_and_send(k, *chunk);
       asio::post(pool_,
                  [self = shared_from_this(), k, c = *chunk] { self->gather_and_send(k, c); });
     } else {
@@ -661,6 +673,7 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     // Later work on the import's stream (frees, consumers) follows the
     // transfers.
     for (cuda::stream_t s : streams_) {
+      if (s == after_) continue;
       if (absl::Status st = ctx_.order_after(device_, after_, s); !st.ok()) fail(st);
     }
     absl::Status st;
@@ -673,7 +686,9 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
     // releases the destination, the source and temporary buffers only once
     // the streams have run them.
     std::vector<std::pair<int, cuda::stream_t>> used{{device_, after_}};
-    for (cuda::stream_t s : streams_) used.emplace_back(device_, s);
+    for (cuda::stream_t s : streams_) {
+      if (s != after_) used.emplace_back(device_, s);
+    }
     ctx_.drain(std::move(used),
                [self = shared_from_this(), st = std::move(st)] { self->done_->complete(st); });
   }
