@@ -1,6 +1,7 @@
 #include "host_backend.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
@@ -11,7 +12,10 @@
 namespace dlasync::detail {
 
 // An in-order queue: one task runs at a time, each on the worker pool, and
-// the next starts when the running one calls its `done`.
+// the next starts when the running one calls its `done`. A task that calls
+// `done` before it returns, or from a worker thread, has the next task run
+// on that thread at once; only a `done` from elsewhere (a reactor, another
+// executor) posts it: each post may cost a thread wake-up.
 class host_stream {
  public:
   using done_fn = absl::AnyInvocable<void() &&>;
@@ -30,20 +34,38 @@ class host_stream {
   }
 
  private:
+  // What became of a task first: its `done` was called, or it returned.
+  enum : int { running = 0, done_first = 1, returned_first = 2 };
+
   void start_next() {
-    task t;
-    {
-      std::lock_guard lock(mutex_);
-      if (queue_.empty()) {
-        running_ = false;
-        return;
+    while (true) {
+      task t;
+      {
+        std::lock_guard lock(mutex_);
+        if (queue_.empty()) {
+          running_ = false;
+          return;
+        }
+        t = std::move(queue_.front());
+        queue_.pop_front();
       }
-      t = std::move(queue_.front());
-      queue_.pop_front();
+      auto state = std::make_shared<std::atomic<int>>(running);
+      std::move(t)([this, state] {
+        int expected = running;
+        if (state->compare_exchange_strong(expected, done_first, std::memory_order_acq_rel)) {
+          return;  // before the task returned: the loop below goes on
+        }
+        if (pool_.get_executor().running_in_this_thread()) {
+          start_next();  // a worker, outside the task: no recursion
+        } else {
+          asio::post(pool_, [this] { start_next(); });
+        }
+      });
+      int expected = running;
+      if (state->compare_exchange_strong(expected, returned_first, std::memory_order_acq_rel)) {
+        return;  // `done` comes later and starts the next task
+      }
     }
-    // Posting the next start keeps a task that completes inline from
-    // recursing through the whole queue.
-    std::move(t)([this] { asio::post(pool_, [this] { start_next(); }); });
   }
 
   asio::thread_pool& pool_;
@@ -111,7 +133,10 @@ void host_backend::run_copy(copy_job& job, absl::AnyInvocable<void() &&> done) {
   const std::int64_t units = copy->units();
   std::int64_t parts = 1;
   if (copy->bytes() >= options_.parallel_copy_bytes && options_.worker_threads > 1) {
-    parts = std::min<std::int64_t>(units, options_.worker_threads);
+    const std::uint64_t part_bytes = std::max<std::uint64_t>(options_.parallel_copy_bytes / 2, 1);
+    const auto by_size = static_cast<std::int64_t>(
+        std::min<std::uint64_t>(copy->bytes() / part_bytes, options_.worker_threads));
+    parts = std::min<std::int64_t>(units, by_size);
   }
   if (parts <= 1) {
     run_units(*copy, job, 0, units);
@@ -126,16 +151,17 @@ void host_backend::run_copy(copy_job& job, absl::AnyInvocable<void() &&> done) {
   auto state = std::make_shared<shared_state>();
   state->remaining = parts;
   state->done = std::move(done);
-  for (std::int64_t p = 0; p < parts; ++p) {
-    const std::int64_t begin = units * p / parts;
-    const std::int64_t end = units * (p + 1) / parts;
-    asio::post(pool_, [this, copy, job, state, begin, end] {
-      run_units(*copy, job, begin, end);
-      if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        std::move(state->done)();
-      }
-    });
+  auto run_part = [this, copy, job, state, units, parts](std::int64_t p) {
+    run_units(*copy, job, units * p / parts, units * (p + 1) / parts);
+    if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::move(state->done)();
+    }
+  };
+  // The other parts go to other workers; this worker takes the first.
+  for (std::int64_t p = 1; p < parts; ++p) {
+    asio::post(pool_, [run_part, p] { run_part(p); });
   }
+  run_part(0);
 }
 
 void host_backend::run_units(const strided_copy& copy, const copy_job& job, std::int64_t begin,

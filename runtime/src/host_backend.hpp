@@ -19,7 +19,7 @@ struct host_backend_options {
   int host_devices = 1;
   int streams_per_device = 2;
   int worker_threads = 1;
-  std::uint64_t parallel_copy_bytes = 4 << 20;
+  std::uint64_t parallel_copy_bytes = 1 << 20;
   std::uint64_t cache_min_bytes = 256 << 10;
   std::uint64_t cache_max_bytes = 0;
   std::function<void()> copy_unit_observer;

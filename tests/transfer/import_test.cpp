@@ -1,6 +1,9 @@
 #include "dlasync/transfer/import.hpp"
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "asio/bind_cancellation_slot.hpp"
@@ -388,6 +391,38 @@ TEST_CASE("the deleter runs only after the copy has read the source", "[transfer
       }
     }
     CHECK(intact);
+  }
+}
+
+TEST_CASE("copies of parallel_copy_bytes (1 MiB) and more are split between the workers",
+          "[transfer][import]") {
+  // The observer runs after each stretch of a copy. It holds the first
+  // thread there until a second one copies too, or 300 ms have passed: a
+  // split copy then shows two threads, whichever worker takes which part.
+  std::mutex mutex;
+  std::condition_variable seen;
+  std::set<std::thread::id> threads;
+  std::unique_ptr<runtime> rt = make_runtime(2, 0, [&] {
+    std::unique_lock lock(mutex);
+    threads.insert(std::this_thread::get_id());
+    seen.notify_all();
+    seen.wait_for(lock, std::chrono::milliseconds(300), [&] { return threads.size() > 1; });
+  });
+  for (const auto& [rows, split] : {std::pair{1024, true}, std::pair{512, false}}) {
+    INFO(rows << " KiB");
+    {
+      std::lock_guard lock(mutex);
+      threads.clear();
+    }
+    matrix_source m(rows, 256);
+    deleter_count count;
+    managed_tensor source = make_tensor(m.spec, count);
+    absl::StatusOr<tensor> t =
+        async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get();
+    REQUIRE(t.ok());
+    CHECK(std::memcmp(t->data(), m.data.data(), m.data.size() * sizeof(float)) == 0);
+    std::lock_guard lock(mutex);
+    CHECK(threads.size() == (split ? 2u : 1u));
   }
 }
 

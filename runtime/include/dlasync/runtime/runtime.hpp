@@ -65,8 +65,10 @@ struct runtime_options {
   // Bytes that copies may hold at once (until their tensors are released);
   // 0 means unlimited. Imports beyond it wait.
   std::uint64_t copy_memory_budget = 0;
-  // Host copies of at least this many bytes are split across the workers.
-  std::uint64_t parallel_copy_bytes = 4 << 20;
+  // Host copies of at least this many bytes are split across the workers,
+  // in parts of half of it at least (a part must outlast the wake-up of
+  // the worker that takes it).
+  std::uint64_t parallel_copy_bytes = 1 << 20;
   // Host-to-host copies of at most this many bytes run on the thread that
   // starts the import, inside the call, when the budget has room at once:
   // such a copy takes less time than the hop to a worker and back. 0 sends
