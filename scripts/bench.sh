@@ -8,6 +8,8 @@
 #   - dlasync_bench_gpu: on the first GPU when there is one, else on one
 #     simulated GPU (reported as simulated: there "vs pinned" is the staging
 #     pipeline's rate over the bound the simulated link allows);
+#   - bench/frameworks_gpu.py on a GPU: PyTorch, CuPy and JAX transfers,
+#     where they are installed;
 # and writes, for the machine name given (default: the host name):
 #   bench/results/<machine>.csv   every benchmark's median real time and rate
 #   bench/results/<machine>.txt   the programs' ratio tables
@@ -51,6 +53,11 @@ fi
 gpu_label=gpu
 if nvidia-smi -L >/dev/null 2>&1; then
   DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=1073741824 run gpu build-bench/bench/dlasync_bench_gpu
+  if command -v python3 >/dev/null; then
+    echo "== frameworks"
+    python3 bench/frameworks_gpu.py --max-bytes 1073741824 --dlasync-csv "$work/gpu.csv" \
+      >"$work/frameworks.log" 2>&1 || echo "frameworks_gpu.py failed" >>"$work/frameworks.log"
+  fi
 else
   gpu_label=simulated_gpu
   DLASYNC_CUDA=sim:1 DLASYNC_BENCH_MAX_BYTES=268435456 run gpu build-bench/bench/dlasync_bench_gpu
@@ -78,20 +85,25 @@ fi
     echo
     sed -n '/ratio table/,$p;/^skipped/p' "$work/$name.log"
   done
+  if [ -f "$work/frameworks.log" ]; then
+    echo
+    cat "$work/frameworks.log"
+  fi
 } >"$out/$machine.txt"
 
-# The plot: bandwidth against size for memcpy, dlasync and PyTorch on two
-# layouts, 2 threads each (from the PyTorch comparison when it ran, else
-# dlasync's whole imports from the host program).
+# The plot: bandwidth against size for dlasync's whole imports and PyTorch's
+# contiguous() on two layouts, 2 threads each, and single-threaded memcpy
+# (all from the PyTorch comparison), and the GPU program's host-to-device
+# paths; both axes logarithmic, as the rates span three decades.
 series="$work/series"
 rm -rf "$series"
 mkdir -p "$series"
 awk -F, -v dir="$series" -v gpu="$gpu_label" 'NR > 1 && $5 != "" {
     split($2, part, "/")
     file = ""; x = ""
-    if ($1 == "torch" && part[1] == "memcpy") { file = "memcpy"; x = part[2] }
+    if ($1 == "torch" && part[1] == "memcpy") { file = "memcpy_1_thread"; x = part[2] }
     else if ($1 == "torch" && (part[2] == "rows" || part[2] == "transpose2d") && part[3] == "t2") {
-      file = part[1] "_" part[2]; x = part[4]
+      file = part[1] "_" part[2] "_2_threads"; x = part[4]
     } else if ($1 == "gpu" && part[1] == "h2d") { file = gpu "_h2d_" part[2]; x = part[3] }
     if (file != "") print x, $5 / 1e9 >> (dir "/" file ".dat")
   }' "$out/$machine.csv"
@@ -104,13 +116,16 @@ for f in "$series"/*.dat; do
 done
 if [ -n "$plots" ]; then
   gnuplot <<EOF
-set terminal pngcairo size 900,560
+set terminal pngcairo size 960,640
 set output '$out/$machine.png'
-set title 'dlasync on $machine: bandwidth against size (medians, 2 threads)'
+set title 'dlasync on $machine: bandwidth against size (medians)'
 set logscale x 2
+set logscale y 10
+set xtics ('64 KiB' 65536, '1 MiB' 1048576, '16 MiB' 16777216, '256 MiB' 268435456, '1 GiB' 1073741824)
 set xlabel 'bytes copied'
-set ylabel 'GB/s'
-set key left top
+set ylabel 'GB/s (log scale)'
+set key below maxrows 3
+set xrange [45000:1.5e9]
 set grid
 plot $plots
 EOF

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The GPU checks, in one call of a few minutes on a machine with a GPU:
 # builds for sm_90, runs the [gpu] tests, the examples on the GPU (the
-# pipeline, and the server under the load client) and the GPU benchmarks, and
-# prints the benchmark's ratio table last. Dependencies come from the system or
-# from .gpu-deps (scripts/fetch-gpu-deps.sh, carried along).
+# pipeline, and the server under the load client), the GPU benchmarks and the
+# Python frameworks' transfers where they are installed
+# (bench/frameworks_gpu.py), and prints the benchmark's ratio table last.
+# Dependencies come from the system or from .gpu-deps
+# (scripts/fetch-gpu-deps.sh, carried along).
 #
 #   scripts/gpu-check.sh [max bytes, default 1 GiB]
 set -euo pipefail
@@ -35,8 +37,13 @@ timeout 60 bash tests/examples/run_server_load.sh build-gpu/examples/dlasync_ser
   build-gpu/examples/dlasync_load || status=$?
 echo "== GPU benchmarks (up to $max_bytes bytes)"
 DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=$max_bytes timeout 240 \
-  build-gpu/bench/dlasync_bench_gpu --benchmark_min_time=0.05 > build-gpu/bench-gpu.log 2>&1 ||
-  status=$?
+  build-gpu/bench/dlasync_bench_gpu --benchmark_min_time=0.05 --benchmark_out=build-gpu/bench-gpu.csv \
+  --benchmark_out_format=csv > build-gpu/bench-gpu.log 2>&1 || status=$?
+echo "== the frameworks on this machine (PyTorch, CuPy, JAX where installed)"
+if command -v python3 >/dev/null; then
+  timeout 150 python3 bench/frameworks_gpu.py --max-bytes "$max_bytes" \
+    --dlasync-csv build-gpu/bench-gpu.csv || echo "frameworks_gpu.py failed"
+fi
 echo "== [gpu] tests exit status: $status"
 sed -n '/GPU ratio table/,$p;/^skipped/p' build-gpu/bench-gpu.log
 exit $status
