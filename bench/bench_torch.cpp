@@ -133,7 +133,7 @@ const int thread_counts[] = {1, 2};
 
 std::vector<std::int64_t> sizes() {
   std::vector<std::int64_t> out;
-  for (std::int64_t b = 64 << 10; b <= max_bytes(); b *= 16) out.push_back(b);
+  for (std::int64_t b = 4 << 10; b <= max_bytes(); b *= 16) out.push_back(b);
   if (out.empty() || out.back() < max_bytes()) out.push_back(max_bytes());  // 1 GiB: 4x 256 MiB
   return out;
 }

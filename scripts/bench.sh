@@ -121,11 +121,11 @@ set output '$out/$machine.png'
 set title 'dlasync on $machine: bandwidth against size (medians)'
 set logscale x 2
 set logscale y 10
-set xtics ('64 KiB' 65536, '1 MiB' 1048576, '16 MiB' 16777216, '256 MiB' 268435456, '1 GiB' 1073741824)
+set xtics ('4 KiB' 4096, '64 KiB' 65536, '1 MiB' 1048576, '16 MiB' 16777216, '256 MiB' 268435456, '1 GiB' 1073741824)
 set xlabel 'bytes copied'
 set ylabel 'GB/s (log scale)'
 set key below maxrows 3
-set xrange [45000:1.5e9]
+set xrange [3000:1.5e9]
 set grid
 plot $plots
 EOF
