@@ -68,7 +68,10 @@ absl::Status empty_error() {
 }  // namespace
 
 tensor tensor::make_view(managed_tensor source, const import_plan& plan) {
-  auto state = std::make_shared<view_state>();
+  // Default-initialized: every member has its initializer, and value
+  // initialization would first zero the whole state (a `rep stos` that cost
+  // about a tenth of a fast-path import).
+  auto state = std::make_shared_for_overwrite<view_state>();
   const DLTensor& dl = *source.dl_tensor();
   state->device = plan.target;
   state->type = plan.type;
@@ -96,7 +99,7 @@ tensor tensor::make_view(managed_tensor source, const import_plan& plan) {
 
 tensor tensor::make_copy(device_buffer buffer, const import_plan& plan,
                          std::span<const std::int64_t> shape) {
-  auto state = std::make_shared<copy_state>();
+  auto state = std::make_shared_for_overwrite<copy_state>();
   state->device = plan.target;
   state->type = plan.type;
   state->ndim = plan.ndim;
