@@ -34,7 +34,9 @@ class host_stream {
   }
 
  private:
-  // What became of a task first: its `done` was called, or it returned.
+  // What became of the running task first: its `done` was called, or it
+  // returned. One task runs at a time, and the next starts only after both,
+  // so one phase serves them all.
   enum : int { running = 0, done_first = 1, returned_first = 2 };
 
   void start_next() {
@@ -49,10 +51,10 @@ class host_stream {
         t = std::move(queue_.front());
         queue_.pop_front();
       }
-      auto state = std::make_shared<std::atomic<int>>(running);
-      std::move(t)([this, state] {
+      phase_.store(running);
+      std::move(t)([this] {
         int expected = running;
-        if (state->compare_exchange_strong(expected, done_first, std::memory_order_acq_rel)) {
+        if (phase_.compare_exchange_strong(expected, done_first, std::memory_order_acq_rel)) {
           return;  // before the task returned: the loop below goes on
         }
         if (pool_.get_executor().running_in_this_thread()) {
@@ -62,7 +64,7 @@ class host_stream {
         }
       });
       int expected = running;
-      if (state->compare_exchange_strong(expected, returned_first, std::memory_order_acq_rel)) {
+      if (phase_.compare_exchange_strong(expected, returned_first, std::memory_order_acq_rel)) {
         return;  // `done` comes later and starts the next task
       }
     }
@@ -72,6 +74,7 @@ class host_stream {
   std::mutex mutex_;
   std::deque<task> queue_;
   bool running_ = false;
+  std::atomic<int> phase_{running};
 };
 
 host_backend::host_backend(host_backend_options options, asio::thread_pool& pool)
