@@ -15,6 +15,7 @@
 // cudaMemcpyAsync calls each followed by a wait (imports or copies per second).
 #include <benchmark/benchmark.h>
 
+#include "concurrent.hpp"
 #include "median_reporter.hpp"
 
 #include <algorithm>
@@ -23,7 +24,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -216,28 +216,17 @@ void small_h2d_imports(benchmark::State& state) {
   dlasync::import_options o;
   o.target = dlasync::device{dlasync::device_kind::cuda, 0};
   std::atomic<bool> failed{false};
-  for (auto _ : state) {
-    std::atomic<int> left{small_coroutines};
-    std::promise<void> all_done;
-    for (int c = 0; c < small_coroutines; ++c) {
-      asio::co_spawn(
-          rt->get_executor(),
-          [&, c]() -> asio::awaitable<void> {
-            for (int i = 0; i < small_imports_each; ++i) {
-              DLManagedTensorVersioned m =
-                  describe(hosts[c].data(), dlasync::host_device, shape, nullptr, 2);
-              dlasync::managed_tensor source(&m);
-              absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(*rt, source, o);
-              if (!t.ok()) failed = true;
-            }
-            if (left.fetch_sub(1) == 1) all_done.set_value();
-          },
-          asio::detached);
-    }
-    all_done.get_future().wait();
-  }
+  dlasync::bench::run_concurrently(
+      state, *rt, small_coroutines, small_imports_each, [&](int c) -> asio::awaitable<void> {
+        for (int i = 0; i < small_imports_each; ++i) {
+          DLManagedTensorVersioned m =
+              describe(hosts[c].data(), dlasync::host_device, shape, nullptr, 2);
+          dlasync::managed_tensor source(&m);
+          absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(*rt, source, o);
+          if (!t.ok()) failed = true;
+        }
+      });
   if (failed) state.SkipWithError("a small import failed");
-  state.SetItemsProcessed(state.iterations() * small_coroutines * small_imports_each);
 }
 
 // The baseline: 1 KiB pageable cudaMemcpyAsync calls from one thread, each

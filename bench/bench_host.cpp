@@ -12,6 +12,7 @@
 // into a warm destination, so allocation is charged to us).
 #include <benchmark/benchmark.h>
 
+#include "concurrent.hpp"
 #include "layouts.hpp"
 #include "median_reporter.hpp"
 
@@ -40,6 +41,7 @@ using dlasync::bench::copy_bytes;
 using dlasync::bench::host_source;
 using dlasync::bench::layout;
 using dlasync::bench::make_layout;
+using dlasync::bench::run_concurrently;
 
 constexpr int workers = 2;
 
@@ -107,48 +109,31 @@ BENCHMARK(baseline_co_await_post);
 constexpr int coroutines = 64;
 constexpr int imports_per_coroutine = 64;
 
-template <typename Body>
-void run_concurrently(benchmark::State& state, Body body) {
-  dlasync::runtime& rt = bench_runtime();
-  for (auto _ : state) {
-    std::atomic<int> left{coroutines};
-    std::promise<void> all_done;
-    for (int c = 0; c < coroutines; ++c) {
-      asio::co_spawn(
-          rt.get_executor(),
-          [&]() -> asio::awaitable<void> {
-            co_await body(rt);
-            if (left.fetch_sub(1) == 1) all_done.set_value();
-          },
-          asio::detached);
-    }
-    all_done.get_future().wait();
-  }
-  state.SetItemsProcessed(state.iterations() * coroutines * imports_per_coroutine);
-}
-
 void small_imports_concurrent(benchmark::State& state) {
-  run_concurrently(state, [](dlasync::runtime& rt) -> asio::awaitable<void> {
-    host_source t(16, 16);
-    dlasync::import_options o;
-    o.copy = true;
-    for (int i = 0; i < imports_per_coroutine; ++i) {
-      dlasync::managed_tensor source(&t.managed);
-      absl::StatusOr<dlasync::tensor> copy = co_await dlasync::import_dlpack(rt, source, o);
-      benchmark::DoNotOptimize(copy);
-    }
-  });
+  dlasync::runtime& rt = bench_runtime();
+  run_concurrently(
+      state, rt, coroutines, imports_per_coroutine, [&rt](int) -> asio::awaitable<void> {
+        host_source t(16, 16);
+        dlasync::import_options o;
+        o.copy = true;
+        for (int i = 0; i < imports_per_coroutine; ++i) {
+          dlasync::managed_tensor source(&t.managed);
+          absl::StatusOr<dlasync::tensor> copy = co_await dlasync::import_dlpack(rt, source, o);
+          benchmark::DoNotOptimize(copy);
+        }
+      });
 }
 BENCHMARK(small_imports_concurrent)->UseRealTime();
 
 void baseline_pool_round_trips(benchmark::State& state) {
   static asio::thread_pool pool(workers);
-  run_concurrently(state, [](dlasync::runtime&) -> asio::awaitable<void> {
-    for (int i = 0; i < imports_per_coroutine; ++i) {
-      // To the pool, and back to the coroutine's executor to resume.
-      co_await asio::post(pool, asio::use_awaitable);
-    }
-  });
+  run_concurrently(state, bench_runtime(), coroutines, imports_per_coroutine,
+                   [](int) -> asio::awaitable<void> {
+                     for (int i = 0; i < imports_per_coroutine; ++i) {
+                       // To the pool, and back to the coroutine's executor to resume.
+                       co_await asio::post(pool, asio::use_awaitable);
+                     }
+                   });
 }
 BENCHMARK(baseline_pool_round_trips)->UseRealTime();
 
