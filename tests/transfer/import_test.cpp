@@ -421,6 +421,7 @@ TEST_CASE("copies of parallel_copy_bytes (1 MiB) and more are split between the 
         async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get();
     REQUIRE(t.ok());
     CHECK(std::memcmp(t->data(), m.data.data(), m.data.size() * sizeof(float)) == 0);
+    CHECK(count.calls == 1);  // the source is released once its copy is done
     std::lock_guard lock(mutex);
     CHECK(threads.size() == (split ? 2u : 1u));
   }
