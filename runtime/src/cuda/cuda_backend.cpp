@@ -681,10 +681,12 @@ class pipeline : public std::enable_shared_from_this<pipeline> {
       std::lock_guard lock(mutex_);
       st = status_;
     }
-    if (st.ok()) return done_->complete(std::move(st));
-    // After an error, copies enqueued before it may still run: the import
-    // releases the destination, the source and temporary buffers only once
-    // the streams have run them.
+    const bool cancelled = control_ && control_->aborted.load(std::memory_order_acquire);
+    if (st.ok() && !cancelled) return done_->complete(std::move(st));
+    // After an error or a cancellation, work enqueued before it (a gather
+    // kernel reading the source, copies) may still run: the import releases
+    // the destination, the source and temporary buffers only once the
+    // streams have run them.
     std::vector<std::pair<int, cuda::stream_t>> used{{device_, after_}};
     for (cuda::stream_t s : streams_) {
       if (s != after_) used.emplace_back(device_, s);
