@@ -35,12 +35,11 @@
 #include "asio/io_context.hpp"
 #include "asio/use_future.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
 
 namespace {
 
-using dlasync::cuda::api;
-using dlasync::cuda::error;
+const dlasync::device gpu0{dlasync::device_kind::cuda, 0};
+const dlasync::device pinned_host{dlasync::device_kind::cuda_host, 0};
 
 dlasync::runtime* rt = nullptr;
 
@@ -49,34 +48,29 @@ std::int64_t max_bytes() {
   return text != nullptr ? std::atoll(text) : std::int64_t{1} << 30;
 }
 
-api& cuda() {
-  return *rt->cuda();
-}
-dlasync::cuda::stream_t stream1() {
-  return reinterpret_cast<dlasync::cuda::stream_t>(1);
+// Memory of `d` (cuda:0, or pinned host memory) for the benchmarks.
+dlasync::device_buffer allocate(dlasync::device d, std::size_t n) {
+  absl::StatusOr<dlasync::device_buffer> b = rt->allocate(d, n);
+  if (!b.ok()) {
+    std::fprintf(stderr, "allocation failed: %s\n", b.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(b);
 }
 
-void sync(dlasync::cuda::stream_t s) {
-  dlasync::cuda::event_t e = nullptr;
-  cuda().event_create(&e);
-  cuda().event_record(e, s);
-  // Yield between queries: a tight loop would take a core from the copy
-  // (and, on a simulated GPU, from the threads that simulate it).
-  while (cuda().event_query(e) == error::not_ready) std::this_thread::yield();
-  cuda().event_destroy(e);
+dlasync::gpu_stream new_stream() {
+  absl::StatusOr<dlasync::gpu_stream> s = dlasync::gpu_stream::create(*rt, gpu0);
+  if (!s.ok()) {
+    std::fprintf(stderr, "stream creation failed: %s\n", s.status().ToString().c_str());
+    std::exit(1);
+  }
+  return *std::move(s);
 }
 
 struct device_block {
-  void* data = nullptr;
-  explicit device_block(std::size_t n) {
-    cuda().set_device(0);
-    cuda().malloc_async(&data, n, stream1());
-    sync(stream1());
-  }
-  ~device_block() {
-    cuda().free_async(data, stream1());
-    sync(stream1());
-  }
+  dlasync::device_buffer memory;
+  void* data;
+  explicit device_block(std::size_t n) : memory(allocate(gpu0, n)), data(memory.data()) {}
 };
 
 DLManagedTensorVersioned describe(void* data, dlasync::device d, std::int64_t* shape,
@@ -124,36 +118,32 @@ void h2d_import(benchmark::State& state) {
   import_loop(state, m, o, n);
 }
 
-void memcpy_loop(benchmark::State& state, void* dst, const void* src, std::int64_t n,
-                 dlasync::cuda::memcpy_kind kind) {
-  dlasync::cuda::stream_t s = nullptr;
-  cuda().set_device(0);
-  cuda().stream_create(&s);
+// cudaMemcpyAsync, each copy waited for on the host before the next.
+void memcpy_loop(benchmark::State& state, void* dst, const void* src, std::int64_t n) {
+  dlasync::gpu_stream s = new_stream();
   // One untimed copy first: the pages of both sides are touched.
-  cuda().memcpy_async(dst, src, static_cast<std::size_t>(n), kind, s);
-  sync(s);
+  (void)s.copy_async(dst, src, static_cast<std::size_t>(n));
+  (void)s.synchronize();
   for (auto _ : state) {
-    cuda().memcpy_async(dst, src, static_cast<std::size_t>(n), kind, s);
-    sync(s);
+    if (!s.copy_async(dst, src, static_cast<std::size_t>(n)).ok() || !s.synchronize().ok()) {
+      state.SkipWithError("cudaMemcpyAsync failed");
+    }
   }
-  cuda().stream_destroy(s);
   state.SetBytesProcessed(state.iterations() * n);
 }
 
 void h2d_pinned(benchmark::State& state) {
   const std::int64_t n = state.range(0);
-  void* pinned = nullptr;
-  cuda().malloc_host(&pinned, static_cast<std::size_t>(n));
+  dlasync::device_buffer pinned = allocate(pinned_host, static_cast<std::size_t>(n));
   device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, d.data, pinned, n, dlasync::cuda::memcpy_kind::host_to_device);
-  cuda().free_host(pinned);
+  memcpy_loop(state, d.data, pinned.data(), n);
 }
 
 void h2d_pageable(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   std::vector<char> host(static_cast<std::size_t>(n), 1);
   device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, d.data, host.data(), n, dlasync::cuda::memcpy_kind::host_to_device);
+  memcpy_loop(state, d.data, host.data(), n);
 }
 
 void d2h_import(benchmark::State& state) {
@@ -168,18 +158,16 @@ void d2h_import(benchmark::State& state) {
 
 void d2h_pinned(benchmark::State& state) {
   const std::int64_t n = state.range(0);
-  void* pinned = nullptr;
-  cuda().malloc_host(&pinned, static_cast<std::size_t>(n));
+  dlasync::device_buffer pinned = allocate(pinned_host, static_cast<std::size_t>(n));
   device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, pinned, d.data, n, dlasync::cuda::memcpy_kind::device_to_host);
-  cuda().free_host(pinned);
+  memcpy_loop(state, pinned.data(), d.data, n);
 }
 
 void d2h_pageable(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   std::vector<char> host(static_cast<std::size_t>(n));
   device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, host.data(), d.data, n, dlasync::cuda::memcpy_kind::device_to_host);
+  memcpy_loop(state, host.data(), d.data, n);
 }
 
 void d2d_import(benchmark::State& state, bool transposed) {
@@ -201,7 +189,7 @@ void d2d_memcpy(benchmark::State& state) {
   const std::int64_t n = state.range(0);
   device_block a(static_cast<std::size_t>(n));
   device_block b(static_cast<std::size_t>(n));
-  memcpy_loop(state, b.data, a.data, n, dlasync::cuda::memcpy_kind::device_to_device);
+  memcpy_loop(state, b.data, a.data, n);
 }
 
 // Small host-to-device imports from many coroutines on the runtime's
@@ -234,16 +222,13 @@ void small_h2d_imports(benchmark::State& state) {
 void small_h2d_memcpy_sync(benchmark::State& state) {
   std::vector<float> host(256, 1.0f);
   device_block d(1024);
-  dlasync::cuda::stream_t s = nullptr;
-  cuda().set_device(0);
-  cuda().stream_create(&s);
+  dlasync::gpu_stream s = new_stream();
   for (auto _ : state) {
     for (int i = 0; i < small_coroutines * small_imports_each; ++i) {
-      cuda().memcpy_async(d.data, host.data(), 1024, dlasync::cuda::memcpy_kind::host_to_device, s);
-      sync(s);
+      (void)s.copy_async(d.data, host.data(), 1024);
+      (void)s.synchronize();
     }
   }
-  cuda().stream_destroy(s);
   state.SetItemsProcessed(state.iterations() * small_coroutines * small_imports_each);
 }
 
@@ -254,11 +239,9 @@ void measure_latency() {
   device_block d(4096);
   std::int64_t shape[1] = {1024};
   DLManagedTensorVersioned m = describe(d.data, {dlasync::device_kind::cuda, 0}, shape, nullptr, 1);
-  dlasync::cuda::stream_t producer = nullptr;
-  cuda().set_device(0);
-  cuda().stream_create(&producer);
+  dlasync::gpu_stream producer = new_stream();
   dlasync::import_options o;
-  o.stream = reinterpret_cast<std::int64_t>(producer);
+  o.stream = producer.dlpack_stream();
   asio::io_context io;
   asio::co_spawn(
       io,
@@ -274,7 +257,6 @@ void measure_latency() {
       },
       asio::detached);
   io.run();
-  cuda().stream_destroy(producer);
 }
 
 std::vector<std::int64_t> sizes() {
@@ -299,19 +281,14 @@ int main(int argc, char** argv) {
   o.topology = dlasync::process_topology::single_process();
   const char* mode = std::getenv("DLASYNC_CUDA");
   o.cuda = mode != nullptr ? mode : "real";
-  if (o.cuda.rfind("sim:", 0) == 0) {
-    // A simulated GPU with a known link: host-device rates are reported
-    // against bytes / link rate, the best the simulated link allows.
-    dlasync::cuda::sim_options so;
-    so.devices = std::max(1, std::atoi(o.cuda.c_str() + 4));
-    so.host_to_device_gbps = sim_link_gbps();
-    so.device_to_host_gbps = sim_link_gbps();
-    so.memory_per_device = std::uint64_t{4} << 30;
-    so.device_reuse_bytes = std::uint64_t{2} << 30;
-    o.cuda_api = std::make_shared<dlasync::cuda::sim_api>(so);
-  }
+  // A simulated GPU gets a known link: host-device rates are reported
+  // against bytes / link rate, the best the simulated link allows.
+  o.simulation.host_to_device_gbps = sim_link_gbps();
+  o.simulation.device_to_host_gbps = sim_link_gbps();
+  o.simulation.memory_per_device = std::uint64_t{4} << 30;
+  o.simulation.device_reuse_bytes = std::uint64_t{2} << 30;
   absl::StatusOr<std::unique_ptr<dlasync::runtime>> created = dlasync::runtime::create(o);
-  if (!created.ok() || (*created)->cuda() == nullptr) {
+  if (!created.ok() || (*created)->registry().find(dlasync::device_kind::cuda) == nullptr) {
     std::printf("skipped: the GPU benchmarks need a CUDA device (or DLASYNC_CUDA=sim:N): %s\n",
                 created.ok() ? "no CUDA backend" : std::string(created.status().message()).c_str());
     return 0;
@@ -337,7 +314,7 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
 
   auto get = [&](const std::string& k) { return reporter.ns(k); };
-  const bool simulated = rt->cuda()->simulated();
+  const bool simulated = rt->is_simulated(gpu0);
   std::printf("\nGPU ratio table (%s, medians of this run)\n",
               simulated ? "SIMULATED GPU" : "real GPU");
   if (simulated) {

@@ -1,4 +1,4 @@
-// Example support: dlasync's callback-style signals as awaitables.
+// Example support: the copy budget's grant as an awaitable.
 #pragma once
 
 #include <cstdint>
@@ -29,14 +29,6 @@ auto resume_on_executor(Handler handler) {
 }
 
 }  // namespace detail
-
-// Resumes when `m` completes, with its status, on the awaiting coroutine's
-// executor.
-inline asio::awaitable<absl::Status> wait_for(marker_ptr m) {
-  return asio::async_initiate<decltype(asio::use_awaitable), void(absl::Status)>(
-      [m](auto handler) { m->on_complete(detail::resume_on_executor(std::move(handler))); },
-      asio::use_awaitable);
-}
 
 // Resumes when `budget` grants `bytes` (OK: the caller must release them) or
 // refuses them (ResourceExhausted for more than the whole budget).

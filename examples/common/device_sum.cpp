@@ -3,8 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/awaitables.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "asio/use_awaitable.hpp"
 
 #ifdef DLASYNC_EXAMPLES_HAVE_CUDA
 #include "sum_kernel.hpp"
@@ -40,34 +39,23 @@ double host_sum(const void* data, dtype type, std::int64_t count) noexcept {
 
 absl::StatusOr<std::unique_ptr<device_sum>> device_sum::create(runtime& rt, int streams_per_gpu) {
   std::unique_ptr<device_sum> self(new device_sum(rt));
-  cuda::api* api = rt.cuda();
-  if (api == nullptr) return self;
   const served_devices* gpus = rt.registry().find(device_kind::cuda);
   const int count = gpus == nullptr ? 0 : gpus->count;
   self->streams_.resize(static_cast<std::size_t>(count));
   self->next_stream_.assign(static_cast<std::size_t>(count), 0);
   for (int d = 0; d < count; ++d) {
-    if (!rt.registry().check_device({device_kind::cuda, d}, "compute").ok()) continue;
-    DLASYNC_CUDA_RETURN_IF_ERROR("cudaSetDevice", d, api->set_device(d));
+    const device gpu{device_kind::cuda, d};
+    if (!rt.registry().check_device(gpu, "compute").ok()) continue;
     for (int i = 0; i < streams_per_gpu; ++i) {
-      cuda::stream_t s = nullptr;
-      DLASYNC_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags", d, api->stream_create(&s));
-      self->streams_[static_cast<std::size_t>(d)].push_back(s);
+      absl::StatusOr<gpu_stream> s = gpu_stream::create(rt, gpu);
+      if (!s.ok()) return s.status();
+      self->streams_[static_cast<std::size_t>(d)].push_back(*std::move(s));
     }
   }
   return self;
 }
 
-device_sum::~device_sum() {
-  cuda::api* api = rt_.cuda();
-  if (api == nullptr) return;
-  for (std::size_t d = 0; d < streams_.size(); ++d) {
-    if (streams_[d].empty()) continue;
-    (void)api->set_device(static_cast<int>(d));
-    for (cuda::stream_t s : streams_[d]) (void)api->stream_destroy(s);
-  }
-  for (void* block : slot_blocks_) (void)api->free_host(block);
-}
+device_sum::~device_sum() = default;
 
 std::optional<std::int64_t> device_sum::stream_for(device d) {
   if (d.kind != device_kind::cuda || d.ordinal < 0 ||
@@ -77,20 +65,29 @@ std::optional<std::int64_t> device_sum::stream_for(device d) {
   }
   const auto o = static_cast<std::size_t>(d.ordinal);
   std::lock_guard lock(mutex_);
-  cuda::stream_t s = streams_[o][next_stream_[o]++ % streams_[o].size()];
-  return reinterpret_cast<std::int64_t>(s);
+  return streams_[o][next_stream_[o]++ % streams_[o].size()].dlpack_stream();
+}
+
+gpu_stream* device_sum::find_stream(device d, std::int64_t value) {
+  if (d.kind != device_kind::cuda || d.ordinal < 0 ||
+      static_cast<std::size_t>(d.ordinal) >= streams_.size()) {
+    return nullptr;
+  }
+  for (gpu_stream& s : streams_[static_cast<std::size_t>(d.ordinal)]) {
+    if (s.dlpack_stream() == value) return &s;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<double*> device_sum::take_slot() {
   std::lock_guard lock(mutex_);
   if (free_slots_.empty()) {
-    void* block = nullptr;
-    DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocHost", -1,
-                                 rt_.cuda()->malloc_host(&block, slots_per_block * sizeof(double)));
-    slot_blocks_.push_back(block);
-    for (std::size_t i = 0; i < slots_per_block; ++i) {
-      free_slots_.push_back(static_cast<double*>(block) + i);
-    }
+    absl::StatusOr<device_buffer> block =
+        rt_.allocate({device_kind::cuda_host, 0}, slots_per_block * sizeof(double));
+    if (!block.ok()) return block.status();
+    auto* slots = static_cast<double*>(block->data());
+    slot_blocks_.push_back(*std::move(block));
+    for (std::size_t i = 0; i < slots_per_block; ++i) free_slots_.push_back(slots + i);
   }
   double* slot = free_slots_.back();
   free_slots_.pop_back();
@@ -113,41 +110,42 @@ asio::awaitable<absl::StatusOr<double>> device_sum::sum(const tensor& t,
   }
   const device d = t.device();
   if (is_host_memory(d.kind)) co_return host_sum(t.data(), t.dtype(), t.element_count());
-  if (d.kind != device_kind::cuda || !stream) {
+  gpu_stream* s = stream ? find_stream(d, *stream) : nullptr;
+  if (s == nullptr) {
     co_return absl::InvalidArgumentError(
         absl::StrCat("cannot sum on ", d.name(), " without a stream from stream_for"));
   }
 
-  cuda::api* api = rt_.cuda();
   absl::StatusOr<double*> slot = take_slot();
   if (!slot.ok()) co_return slot.status();
   double* out = *slot;
-  auto s = reinterpret_cast<cuda::stream_t>(*stream);
-  if (auto* sim = dynamic_cast<cuda::sim_api*>(api)) {
+  if (rt_.is_simulated(d)) {
+    // Simulated device memory is host memory: the "kernel" is a host
+    // function in stream order.
     const void* data = t.data();
     const dtype type = t.dtype();
     const std::int64_t count = t.element_count();
-    const cuda::error e = sim->launch_host_func(s, [=] { *out = host_sum(data, type, count); });
-    if (e != cuda::error::success) {
+    if (absl::Status launched =
+            s->launch_host_function([=] { *out = host_sum(data, type, count); });
+        !launched.ok()) {
       return_slot(out);
-      co_return cuda::to_status(e, "launch of the sum", d.ordinal);
+      co_return launched;
     }
   } else {
 #ifdef DLASYNC_EXAMPLES_HAVE_CUDA
-    int e = static_cast<int>(api->set_device(d.ordinal));
-    if (e == 0) {
-      e = launch_sum_kernel(t.data(), t.dtype().code, t.dtype().bits, t.element_count(), out, s);
-    }
+    const int e = launch_sum_kernel(d.ordinal, t.data(), t.dtype().code, t.dtype().bits,
+                                    t.element_count(), out, s->native_handle());
     if (e != 0) {
       return_slot(out);
-      co_return cuda::to_status(static_cast<cuda::error>(e), "sum kernel launch", d.ordinal);
+      co_return absl::InternalError(
+          absl::StrCat("the sum kernel failed to launch on ", d.name(), ": CUDA error ", e));
     }
 #else
     return_slot(out);
     co_return absl::UnimplementedError("this build of the examples has no CUDA kernels");
 #endif
   }
-  const absl::Status done = co_await wait_for(rt_.backend_for(d).record_producer(d, *stream));
+  const absl::Status done = co_await s->async_wait(asio::use_awaitable);
   const double result = *out;
   return_slot(out);
   if (!done.ok()) co_return done;

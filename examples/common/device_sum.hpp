@@ -3,8 +3,10 @@
 // `device_sum` adds up the elements of a compact tensor wherever it lives:
 //   - host memory: a loop on the calling thread;
 //   - a real GPU: a CUDA kernel on one of this object's streams;
-//   - a simulated GPU: a host function enqueued on that stream of the
-//     simulated runtime, so it runs in stream order like a kernel would.
+//   - a simulated GPU: a host function enqueued on that stream, so it runs
+//     in stream order like a kernel would.
+// The streams are dlasync::gpu_stream objects, waited for without blocking
+// a thread (gpu_stream::async_wait).
 // On a GPU the sum follows the import on the device: the import names the
 // stream from `stream_for` as its consumer stream, resumes as soon as its
 // copy is enqueued, and the sum is enqueued behind it with no host round
@@ -53,11 +55,14 @@ class device_sum {
   absl::StatusOr<double*> take_slot();
   void return_slot(double* slot);
 
+  // The stream of GPU `d` whose DLPack value is `value`, or nullptr.
+  gpu_stream* find_stream(device d, std::int64_t value);
+
   runtime& rt_;
-  std::vector<std::vector<cuda::stream_t>> streams_;  // per GPU ordinal
+  std::vector<std::vector<gpu_stream>> streams_;  // per GPU ordinal
   std::mutex mutex_;
   std::vector<std::size_t> next_stream_;
-  std::vector<void*> slot_blocks_;  // page-locked blocks of result slots
+  std::vector<device_buffer> slot_blocks_;  // page-locked blocks of result slots
   std::vector<double*> free_slots_;
 };
 

@@ -1,6 +1,6 @@
 // Example support: a pool of page-locked host blocks, as a producer that
 // hands out pinned tensors keeps one (allocating page-locked memory costs far
-// more than reusing it).
+// more than reusing it). Blocks come from runtime::allocate on cuda_host:0.
 //
 // Thread safety: all members are safe to call from any thread.
 #pragma once
@@ -9,29 +9,27 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/cuda_api.hpp"
+#include "dlasync/dlasync.hpp"
 
 namespace dlasync::examples {
 
 class pinned_pool {
  public:
-  // Allocates with `api`, which must outlive every block taken.
-  explicit pinned_pool(cuda::api& api) : state_(std::make_shared<state>(api)) {}
+  // Allocates with `rt`, which must outlive every block taken.
+  explicit pinned_pool(runtime& rt) : state_(std::make_shared<state>(rt)) {}
 
   // A page-locked block of `bytes`; dropping the last reference returns it
-  // to the pool. ResourceExhausted (or the CUDA error) when allocation fails.
+  // to the pool. The allocation's error when it fails.
   absl::StatusOr<std::shared_ptr<void>> take(std::size_t bytes);
 
  private:
   struct state {
-    explicit state(cuda::api& a) : api(a) {}
-    ~state();
-    cuda::api& api;
+    explicit state(runtime& r) : rt(r) {}
+    runtime& rt;
     std::mutex mutex;
-    std::multimap<std::size_t, void*> free_blocks;
+    std::multimap<std::size_t, device_buffer> free_blocks;
   };
   std::shared_ptr<state> state_;
 };

@@ -30,16 +30,26 @@ int launch(const void* data, long long count, double* out, void* stream) {
   return static_cast<int>(cudaGetLastError());
 }
 
-}  // namespace
-
-int launch_sum_kernel(const void* data, std::uint8_t code, std::uint8_t bits, std::int64_t count,
-                      double* out, void* stream) {
+int launch_typed(const void* data, std::uint8_t code, std::uint8_t bits, std::int64_t count,
+                 double* out, void* stream) {
   if (code == 2 && bits == 32) return launch<float>(data, count, out, stream);
   if (code == 2 && bits == 64) return launch<double>(data, count, out, stream);
   if (code == 0 && bits == 32) return launch<int>(data, count, out, stream);
   if (code == 0 && bits == 64) return launch<long long>(data, count, out, stream);
   if (code == 1 && bits == 8) return launch<unsigned char>(data, count, out, stream);
   return static_cast<int>(cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+int launch_sum_kernel(int device, const void* data, std::uint8_t code, std::uint8_t bits,
+                      std::int64_t count, double* out, void* stream) {
+  int previous = 0;
+  if (cudaError_t e = cudaGetDevice(&previous); e != cudaSuccess) return static_cast<int>(e);
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return static_cast<int>(e);
+  const int launched = launch_typed(data, code, bits, count, out, stream);
+  cudaSetDevice(previous);
+  return launched;
 }
 
 }  // namespace dlasync::examples

@@ -5,10 +5,11 @@
 
 namespace dlasync::examples {
 
-// Enqueues on `stream` a kernel that writes the sum of `count` elements of
-// type `code`/`bits` at `data` (device memory) to `*out` (page-locked host
-// memory). Returns the cudaError_t of the launch.
-int launch_sum_kernel(const void* data, std::uint8_t code, std::uint8_t bits, std::int64_t count,
-                      double* out, void* stream);
+// Enqueues on `stream` (of GPU `device`) a kernel that writes the sum of
+// `count` elements of type `code`/`bits` at `data` (device memory) to `*out`
+// (page-locked host memory). The calling thread's current device is the
+// same afterwards. Returns the cudaError_t of the launch.
+int launch_sum_kernel(int device, const void* data, std::uint8_t code, std::uint8_t bits,
+                      std::int64_t count, double* out, void* stream);
 
 }  // namespace dlasync::examples

@@ -36,13 +36,7 @@ absl::StatusOr<device> choose_target(const runtime& rt, const std::string& flag)
 }
 
 std::string device_label(runtime& rt, device d) {
-  if (d.kind == device_kind::cuda && rt.cuda() != nullptr) {
-    cuda::device_properties p;
-    if (rt.cuda()->get_device_properties(&p, d.ordinal) == cuda::error::success) {
-      return absl::StrCat(d.name(), " (", p.name, ")");
-    }
-  }
-  return absl::StrCat(d.name(), " (host)");
+  return absl::StrCat(d.name(), " (", rt.describe(d), ")");
 }
 
 absl::StatusOr<std::optional<bool>> parse_copy_flag(const std::string& flag) {

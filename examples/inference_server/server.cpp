@@ -38,7 +38,6 @@
 #include "common/awaitables.hpp"
 #include "common/device_sum.hpp"
 #include "common/flags.hpp"
-#include "common/owned_tensor.hpp"
 #include "common/target.hpp"
 #include "dlasync/dlasync.hpp"
 #include "frame.hpp"
@@ -232,9 +231,13 @@ class server {
       co_return response{peek_request_id(bytes), req.status().code(), 0, 0,
                          std::string(req.status().message())};
     }
-    void* payload = body.get() + req->payload_offset;
-    managed_tensor source =
-        make_managed(std::move(body), payload, req->type, req->shape, req->strides, host_device);
+    // The payload is imported in place: the tensor keeps the body alive.
+    tensor_description d;
+    d.data = body.get() + req->payload_offset;
+    d.dtype = req->type;
+    d.shape = req->shape;
+    if (!req->strides.empty()) d.strides = req->strides;
+    managed_tensor source = make_managed_tensor(std::move(d), [body = std::move(body)] {});
 
     import_options options;
     options.target = target_;

@@ -37,7 +37,6 @@
 #include "asio/use_awaitable.hpp"
 #include "asio/use_future.hpp"
 #include "common/flags.hpp"
-#include "common/owned_tensor.hpp"
 #include "common/pinned_pool.hpp"
 #include "common/stats.hpp"
 #include "common/target.hpp"
@@ -167,8 +166,11 @@ absl::StatusOr<std::shared_ptr<batch>> make_batch(std::uint64_t id, source_kind 
         }
       }
     }
-    float* data = buffer.get();
-    b->source = make_managed(std::move(buffer), data, dtypes::float32, shape, strides, host_device);
+    tensor_description d;
+    d.data = buffer.get();
+    d.shape.assign(shape.begin(), shape.end());
+    d.strides = std::vector<std::int64_t>(strides.begin(), strides.end());
+    b->source = make_managed_tensor(std::move(d), [buffer = std::move(buffer)] {});
   } else {
     std::shared_ptr<void> keep;
     float* data = nullptr;
@@ -186,7 +188,11 @@ absl::StatusOr<std::shared_ptr<batch>> make_batch(std::uint64_t id, source_kind 
       keep = std::move(buffer);
     }
     for (std::int64_t i = 0; i < n; ++i) data[i] = expected_value(id, i);
-    b->source = make_managed(std::move(keep), data, dtypes::float32, shape, {}, where);
+    tensor_description d;
+    d.data = data;
+    d.device = where;
+    d.shape.assign(shape.begin(), shape.end());
+    b->source = make_managed_tensor(std::move(d), [keep = std::move(keep)] {});
   }
   b->made = clock::now();
   return b;
@@ -392,7 +398,7 @@ int run() {
   absl::StatusOr<device> target = choose_target(rt, absl::GetFlag(FLAGS_device));
   absl::StatusOr<std::optional<bool>> copy = parse_copy_flag(absl::GetFlag(FLAGS_copy));
   absl::StatusOr<std::vector<source_kind>> mix =
-      parse_mix(absl::GetFlag(FLAGS_mix), rt.cuda() != nullptr);
+      parse_mix(absl::GetFlag(FLAGS_mix), rt.registry().find(device_kind::cuda) != nullptr);
   for (const absl::Status& s : {target.status(), copy.status(), mix.status()}) {
     if (!s.ok()) {
       std::fprintf(stderr, "dlasync_pipeline: %s\n", std::string(s.message()).c_str());
@@ -419,7 +425,7 @@ int run() {
   std::fflush(stdout);
 
   std::unique_ptr<pinned_pool> pinned;
-  if (rt.cuda() != nullptr) pinned = std::make_unique<pinned_pool>(*rt.cuda());
+  if (rt.registry().find(device_kind::cuda) != nullptr) pinned = std::make_unique<pinned_pool>(rt);
   pipeline_stats stats;
   {
     asio::thread_pool producer_threads(static_cast<std::size_t>(producers));

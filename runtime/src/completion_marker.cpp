@@ -1,4 +1,4 @@
-#include "dlasync/runtime/completion_marker.hpp"
+#include "runtime/src/completion_marker.hpp"
 
 namespace dlasync {
 
@@ -30,6 +30,18 @@ void completion_marker::complete(absl::Status status) {
     callbacks.swap(callbacks_);
   }
   for (callback& fn : callbacks) std::move(fn)(status);
+}
+
+marker_ptr done_marker(absl::Status status) {
+  auto m = std::make_shared<completion_marker>();
+  m->complete(std::move(status));
+  return m;
+}
+
+absl::Status failed_at_once(const marker_ptr& m) {
+  absl::Status status;
+  if (m->done()) m->on_complete([&status](absl::Status s) { status = std::move(s); });
+  return status;
 }
 
 }  // namespace dlasync

@@ -37,6 +37,10 @@ bool is_host_memory(device_kind kind) noexcept {
          kind == device_kind::rocm_host;
 }
 
+bool is_gpu_memory(device_kind kind) noexcept {
+  return kind == device_kind::cuda || kind == device_kind::cuda_managed;
+}
+
 std::string device::name() const {
   const auto code = static_cast<std::int32_t>(kind);
   if (!is_known_device_kind(code)) return absl::StrCat("device_type_", code, ":", ordinal);

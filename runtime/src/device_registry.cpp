@@ -85,21 +85,6 @@ std::vector<device> device_registry::addressable_devices() const {
   return devices;
 }
 
-std::vector<owned_device> device_registry::all_devices() const {
-  std::vector<owned_device> devices;
-  for (int r = 0; r < topology_.world_size; ++r) {
-    for (int ordinal = 0; ordinal < topology_.host_device_count; ++ordinal) {
-      devices.push_back({r, {device_kind::cpu, ordinal}});
-    }
-  }
-  for (int ordinal = 0; ordinal < cuda_devices_on_node(); ++ordinal) {
-    if (std::optional<int> owner = topology_.cuda_owner_rank(ordinal)) {
-      devices.push_back({*owner, {device_kind::cuda, ordinal}});
-    }
-  }
-  return devices;
-}
-
 std::string device_registry::addressable_list() const {
   const std::vector<device> devices = addressable_devices();
   if (devices.empty()) return "none";

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "dlasync/runtime/detail/status_macros.hpp"
+#include "runtime/src/status_macros.hpp"
 
 namespace dlasync {
 namespace {

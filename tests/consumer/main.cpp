@@ -5,23 +5,23 @@
 
 int main() {
   float data[6] = {0, 1, 2, 3, 4, 5};
-  std::int64_t shape[2] = {2, 3};
-  DLManagedTensor m{};
-  m.dl_tensor.data = data;
-  m.dl_tensor.device = dlasync::to_dl_device(dlasync::host_device);
-  m.dl_tensor.ndim = 2;
-  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
-  m.dl_tensor.shape = shape;
-  dlasync::managed_tensor source(&m);
+  int released = 0;
+  dlasync::managed_tensor source =
+      dlasync::make_managed_tensor({.data = data, .shape = {2, 3}}, [&released] { ++released; });
   absl::StatusOr<dlasync::device_registry> registry =
       dlasync::device_registry::host_only(dlasync::process_topology::single_process());
   if (!registry.ok()) return 1;
   absl::StatusOr<dlasync::tensor> t = dlasync::import_view(source, {}, *registry);
-  if (!t.ok() || t->element_count() != 6 || t->data() != data) {
+  if (!t.ok() || t->element_count() != 6 || t->data() != data || released != 0) {
     std::fprintf(stderr, "import failed\n");
     return 1;
   }
   std::printf("consumer imported %s %s tensor of %lld elements\n", t->device().name().c_str(),
               t->dtype().name().c_str(), static_cast<long long>(t->element_count()));
+  *t = dlasync::tensor();
+  if (released != 1) {
+    std::fprintf(stderr, "the producer's tensor was not released once\n");
+    return 1;
+  }
   return 0;
 }

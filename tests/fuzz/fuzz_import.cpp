@@ -24,7 +24,7 @@
 
 #include "asio/use_future.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "support/sim_runtime.hpp"
 
 namespace {
 
@@ -53,17 +53,16 @@ environment& env() {
     so.devices = 2;
     so.memory_per_device = memory_limit;
     so.min_sleep_us = 1e9;  // no simulated time: copies run at once
-    out->sim = std::make_shared<cuda::sim_api>(so);
-    runtime_options o;
-    o.topology = process_topology::single_process(2);
-    o.worker_threads = 2;
-    o.cuda_api = out->sim;
-    o.copy_memory_budget = memory_limit;
-    o.staging_chunks = 2;
-    o.staging_chunk_bytes = 16 << 10;
-    absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
-    if (!rt.ok()) fail("runtime::create failed");
-    out->rt = *std::move(rt);
+    absl::StatusOr<testing::sim_runtime> made =
+        testing::build_sim_runtime(so, [](runtime_options& o) {
+          o.topology = process_topology::single_process(2);
+          o.copy_memory_budget = memory_limit;
+          o.staging_chunks = 2;
+          o.staging_chunk_bytes = 16 << 10;
+        });
+    if (!made.ok()) fail("the runtime could not be made");
+    out->sim = std::move(made->sim);
+    out->rt = std::move(made->rt);
     cuda::api& api = *out->sim;
     out->regions[0] = std::aligned_alloc(4096, region_bytes);
     if (api.malloc_host(&out->regions[1], region_bytes) != cuda::error::success) fail("pinned");
@@ -87,20 +86,6 @@ environment& env() {
   }();
   return *e;
 }
-
-// A managed tensor whose deleter counts; owns its shape and strides.
-template <typename Managed>
-struct box {
-  Managed managed{};
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
-  std::atomic<int>* count = nullptr;
-  static void destroy(Managed* self) {
-    auto* b = static_cast<box*>(self->manager_ctx);
-    b->count->fetch_add(1);
-    delete b;
-  }
-};
 
 std::int64_t pick_extent(FuzzedDataProvider& in, bool stride) {
   switch (in.ConsumeIntegralInRange<int>(0, 6)) {
@@ -186,55 +171,48 @@ void check_elements(const tensor& t, std::uintptr_t first, std::span<const std::
   }
 }
 
-template <typename Managed>
 int run(FuzzedDataProvider& in, environment& e, bool versioned) {
   std::atomic<int> count{0};
-  auto* b = new box<Managed>;
-  b->count = &count;
-  DLTensor& dl = b->managed.dl_tensor;
+  tensor_description d;
   DLPackVersion version{1, 3};
-  std::uint64_t flags = 0;
   if (versioned) {
     version.major = in.ConsumeIntegralInRange<std::uint32_t>(0, 3);
     version.minor = in.ConsumeIntegral<std::uint8_t>();
-    flags = in.ConsumeIntegral<std::uint8_t>();
+    d.flags = in.ConsumeIntegral<std::uint8_t>();
   }
-  set_device_type_code(dl.device, in.ConsumeIntegralInRange<std::int32_t>(-1, 21));
-  dl.device.device_id = in.ConsumeIntegralInRange<std::int32_t>(-1, 3);
+  d.device.kind = static_cast<device_kind>(in.ConsumeIntegralInRange<std::int32_t>(-1, 21));
+  d.device.ordinal = in.ConsumeIntegralInRange<std::int32_t>(-1, 3);
   const std::int32_t ndim = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::int32_t>(0, 4)
                                              : in.ConsumeIntegralInRange<std::int32_t>(-2, 66);
   const std::size_t dims = static_cast<std::size_t>(std::clamp(ndim, 0, 66));
-  for (std::size_t i = 0; i < dims; ++i) b->shape.push_back(pick_extent(in, false));
-  const bool has_strides = in.ConsumeBool();
-  if (has_strides) {
-    for (std::size_t i = 0; i < dims; ++i) b->strides.push_back(pick_extent(in, true));
+  for (std::size_t i = 0; i < dims; ++i) d.shape.push_back(pick_extent(in, false));
+  if (in.ConsumeBool()) {
+    d.strides.emplace();
+    for (std::size_t i = 0; i < dims; ++i) d.strides->push_back(pick_extent(in, true));
   }
-  dl.ndim = ndim;
-  dl.shape = in.ConsumeIntegralInRange<int>(0, 31) == 0 ? nullptr : b->shape.data();
-  dl.strides = has_strides ? b->strides.data() : nullptr;
+  const bool null_shape = in.ConsumeIntegralInRange<int>(0, 31) == 0;
   static constexpr std::uint8_t bits_choices[] = {1, 4, 6, 8, 16, 32, 64, 128, 0, 12};
-  dl.dtype.code = in.ConsumeIntegralInRange<std::uint8_t>(0, 20);
-  dl.dtype.bits = in.ConsumeBool() ? bits_choices[in.ConsumeIntegralInRange<int>(0, 9)]
-                                   : in.ConsumeIntegral<std::uint8_t>();
-  dl.dtype.lanes = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint16_t>()
-                                                             : std::uint16_t{1};
+  d.dtype.code = in.ConsumeIntegralInRange<std::uint8_t>(0, 20);
+  d.dtype.bits = in.ConsumeBool() ? bits_choices[in.ConsumeIntegralInRange<int>(0, 9)]
+                                  : in.ConsumeIntegral<std::uint8_t>();
+  d.dtype.lanes = in.ConsumeIntegralInRange<int>(0, 7) == 0 ? in.ConsumeIntegral<std::uint16_t>()
+                                                            : std::uint16_t{1};
   const int region = in.ConsumeIntegralInRange<int>(0, 5);  // 5: no memory
   const std::size_t offset = in.ConsumeIntegralInRange<std::size_t>(0, region_bytes);
-  dl.data = region == 5 ? nullptr : static_cast<char*>(e.regions[region]) + offset;
-  dl.byte_offset = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::uint64_t>(0, 256)
-                                    : in.ConsumeIntegral<std::uint64_t>();
-  b->managed.manager_ctx = b;
-  b->managed.deleter = &box<Managed>::destroy;
-  managed_tensor source;
-  if constexpr (std::is_same_v<Managed, DLManagedTensorVersioned>) {
-    b->managed.version = version;
-    b->managed.flags = flags;
-    source = managed_tensor(&b->managed);
-  } else {
-    source = managed_tensor(&b->managed);
-  }
-  const std::vector<std::int64_t> shape = b->shape;
-  const std::vector<std::int64_t> strides = b->strides;
+  d.data = region == 5 ? nullptr : static_cast<char*>(e.regions[region]) + offset;
+  d.byte_offset = in.ConsumeBool() ? in.ConsumeIntegralInRange<std::uint64_t>(0, 256)
+                                   : in.ConsumeIntegral<std::uint64_t>();
+  const std::vector<std::int64_t> shape = d.shape;
+  const std::vector<std::int64_t> strides = d.strides.value_or(std::vector<std::int64_t>());
+  // The public producer helper, then what a producer may get wrong: the
+  // version, an ndim that disagrees with the shape, a NULL shape.
+  managed_tensor source = make_managed_tensor(
+      std::move(d), [&count] { count.fetch_add(1); },
+      versioned ? dlpack_abi::versioned : dlpack_abi::legacy);
+  if (versioned) source.versioned()->version = version;
+  DLTensor& dl = versioned ? source.versioned()->dl_tensor : source.legacy()->dl_tensor;
+  dl.ndim = ndim;
+  if (null_shape) dl.shape = nullptr;
 
   import_options options;
   options.target = pick_device(in);
@@ -289,7 +267,7 @@ int run(FuzzedDataProvider& in, environment& e, bool versioned) {
   }
   if (result.ok()) {
     if (!source.empty()) fail("an accepted tensor was not consumed");
-    if (options.consumer_stream && *options.consumer_stream != -1 &&
+    if (options.consumer_stream && *options.consumer_stream != stream_no_sync &&
         plan->target.kind == device_kind::cuda) {
       wait_for_stream(*e.sim, plan->target.ordinal,
                       reinterpret_cast<cuda::stream_t>(*options.consumer_stream));
@@ -315,6 +293,5 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider in(data, size);
   environment& e = env();
   const bool versioned = in.ConsumeBool();
-  return versioned ? run<DLManagedTensorVersioned>(in, e, true)
-                   : run<DLManagedTensor>(in, e, false);
+  return run(in, e, versioned);
 }

@@ -1,5 +1,5 @@
 // White-box tests of the host backend's cache of freed blocks.
-#include "host_block_cache.hpp"
+#include "runtime/src/host/host_block_cache.hpp"
 
 #include "catch2/catch.hpp"
 

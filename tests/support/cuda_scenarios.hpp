@@ -13,10 +13,11 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/runtime/cuda_api.hpp"
+#include "runtime/src/cuda/cuda_api.hpp"
 #include "support/layouts.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
+#include "transfer/src/copy/strided_copy.hpp"
 
 namespace dlasync::testing {
 
@@ -117,7 +118,7 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
       CHECK(t->device() == *o.target);
       CHECK(t->is_copy());
       CHECK(count.calls == 1);
-      CHECK(read_back(*rt.cuda(), *t) == expected_bytes(layout.first(), c, type));
+      CHECK(read_back(*cuda_of(rt), *t) == expected_bytes(layout.first(), c, type));
     }
   }
 }
@@ -129,7 +130,7 @@ inline void scenario_gpu_layouts_to_host(runtime& rt, int source_device) {
       if (type.is_sub_byte() && !c.sub_byte_ok) continue;
       INFO(type.name() << ", " << c.name);
       layout_source layout(type, c);
-      device_memory mem(*rt.cuda(), source_device, layout.bytes.data(), layout.bytes.size());
+      device_memory mem(*cuda_of(rt), source_device, layout.bytes.data(), layout.bytes.size());
       tensor_spec s = layout.spec;
       s.device = {device_kind::cuda, source_device};
       s.data = mem.data;
@@ -151,7 +152,7 @@ inline void scenario_gpu_layouts_to_host(runtime& rt, int source_device) {
 inline void scenario_gpu_to_host(runtime& rt, int source_device) {
   std::vector<float> host(64 * 48);
   std::iota(host.begin(), host.end(), 0.0f);
-  device_memory mem(*rt.cuda(), source_device, host.data(), host.size() * sizeof(float));
+  device_memory mem(*cuda_of(rt), source_device, host.data(), host.size() * sizeof(float));
   for (const bool transposed : {false, true}) {
     INFO((transposed ? "transposed" : "compact"));
     tensor_spec s;
@@ -183,7 +184,7 @@ inline void scenario_gpu_to_host(runtime& rt, int source_device) {
 inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
   std::vector<std::int32_t> host(32 * 16);
   std::iota(host.begin(), host.end(), 0);
-  device_memory mem(*rt.cuda(), first, host.data(), host.size() * 4);
+  device_memory mem(*cuda_of(rt), first, host.data(), host.size() * 4);
   auto make = [&](bool transposed, deleter_count& count) {
     tensor_spec s;
     s.device = {device_kind::cuda, first};
@@ -222,7 +223,7 @@ inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
       REQUIRE(t.ok());
       CHECK(t->device() == *o.target);
       CHECK(count.calls == 1);
-      CHECK(read_back(*rt.cuda(), *t) == as_bytes(strided ? transposed : host));
+      CHECK(read_back(*cuda_of(rt), *t) == as_bytes(strided ? transposed : host));
     }
   }
 }
@@ -232,7 +233,7 @@ inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
 inline void scenario_producer_stream(
     runtime& rt, int device_ordinal,
     const std::function<void(cuda::stream_t, void*, const std::vector<float>&)>& delayed_write) {
-  cuda::api& api = *rt.cuda();
+  cuda::api& api = *cuda_of(rt);
   std::vector<float> stale(1024, -1.0f);
   std::vector<float> fresh(1024);
   std::iota(fresh.begin(), fresh.end(), 0.0f);
@@ -271,7 +272,7 @@ inline void scenario_producer_stream(
 // refused where a copy would have to land in it or where the pointer is not
 // managed memory.
 inline void scenario_managed(runtime& rt, int device_ordinal, int other) {
-  cuda::api& api = *rt.cuda();
+  cuda::api& api = *cuda_of(rt);
   REQUIRE(api.set_device(device_ordinal) == cuda::error::success);
   void* managed = nullptr;
   REQUIRE(api.malloc_managed(&managed, 4096 * sizeof(float)) == cuda::error::success);

@@ -15,7 +15,7 @@
 
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "runtime/sim/sim_api.hpp"
 #include "support/cuda_scenarios.hpp"
 
 namespace dlasync::testing {

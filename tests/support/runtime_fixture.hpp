@@ -11,20 +11,32 @@
 #include "asio/io_context.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/runtime/runtime.hpp"
+#include "support/sim_runtime.hpp"
 
 namespace dlasync::testing {
 
-// A runtime with `host_devices` host devices, two workers, one process.
+// A runtime with `host_devices` host devices, two workers, one process;
+// `observer`, when given, is called after each piece of a host copy.
 inline std::unique_ptr<runtime> make_runtime(int host_devices = 2, std::uint64_t budget = 0,
                                              std::function<void()> observer = {}) {
   runtime_options o;
   o.topology = process_topology::single_process(host_devices);
   o.worker_threads = 2;
   o.copy_memory_budget = budget;
-  o.copy_unit_observer = std::move(observer);
-  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
+  detail::runtime_hooks hooks;
+  hooks.copy_unit_observer = std::move(observer);
+  absl::StatusOr<std::unique_ptr<runtime>> rt = detail::create_runtime(std::move(o), hooks);
   REQUIRE(rt.ok());
   return *std::move(rt);
+}
+
+// A runtime on GPUs simulated as `so` says (see build_sim_runtime).
+inline sim_runtime make_sim_runtime(cuda::sim_options so = {},
+                                    const std::function<void(runtime_options&)>& tune = {}) {
+  absl::StatusOr<sim_runtime> r = build_sim_runtime(so, tune);
+  INFO("status: " << r.status().ToString());
+  REQUIRE(r.ok());
+  return *std::move(r);
 }
 
 // Polls `done` for up to 30 s; false when it never became true.

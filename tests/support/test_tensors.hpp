@@ -1,5 +1,6 @@
-// Test support: managed tensors built from a description, with deleters that
-// count their calls, so that tests can prove each runs exactly once.
+// Test support: managed tensors built from a description with the public
+// producer helper, with deleters that count their calls, so that tests can
+// prove each runs exactly once.
 #pragma once
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/dtype.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/producer.hpp"
 
 namespace dlasync::testing {
 
@@ -39,58 +41,31 @@ struct tensor_spec {
   std::optional<std::int32_t> ndim;  // overrides shape.size()
 };
 
-namespace detail {
-
-template <typename Managed>
-struct box {
-  Managed managed{};
-  std::vector<std::int64_t> shape;
-  std::vector<std::int64_t> strides;
-  deleter_count* count = nullptr;
-
-  static void destroy(Managed* self) {
-    auto* b = static_cast<box*>(self->manager_ctx);
-    if (b->count != nullptr) {
-      if (b->count->on_delete) b->count->on_delete();
-      b->count->calls.fetch_add(1);
-    }
-    delete b;
-  }
-};
-
-template <typename Managed>
-Managed* build(const tensor_spec& spec, deleter_count* count) {
-  auto* b = new box<Managed>;
-  b->shape = spec.shape;
-  b->count = count;
-  DLTensor& dl = b->managed.dl_tensor;
-  dl.data = spec.data;
-  dl.device = to_dl_device(spec.device);
-  dl.ndim = spec.ndim.value_or(static_cast<std::int32_t>(spec.shape.size()));
-  dl.dtype = spec.type.to_dl();
-  dl.shape = spec.null_shape ? nullptr : b->shape.data();
-  if (spec.strides) {
-    b->strides = *spec.strides;
-    dl.strides = b->strides.data();
-  }
-  dl.byte_offset = spec.byte_offset;
-  b->managed.manager_ctx = b;
-  b->managed.deleter = &box<Managed>::destroy;
-  return &b->managed;
-}
-
-}  // namespace detail
-
 // A versioned or legacy managed tensor as `spec` says, whose deleter counts
-// into `count`.
+// into `count`: the public producer helper, then whatever the spec gets
+// wrong on purpose (a version, a NULL shape, an ndim that disagrees with
+// the shape), for validation to catch.
 inline managed_tensor make_tensor(const tensor_spec& spec, deleter_count& count) {
-  if (spec.versioned) {
-    DLManagedTensorVersioned* t = detail::build<DLManagedTensorVersioned>(spec, &count);
-    t->version = spec.version;
-    t->flags = spec.flags;
-    return managed_tensor(t);
-  }
-  return managed_tensor(detail::build<DLManagedTensor>(spec, &count));
+  tensor_description d;
+  d.data = spec.data;
+  d.device = spec.device;
+  d.dtype = spec.type;
+  d.shape = spec.shape;
+  d.strides = spec.strides;
+  d.byte_offset = spec.byte_offset;
+  d.flags = spec.flags;
+  managed_tensor t = make_managed_tensor(
+      std::move(d),
+      [&count] {
+        if (count.on_delete) count.on_delete();
+        count.calls.fetch_add(1);
+      },
+      spec.versioned ? dlpack_abi::versioned : dlpack_abi::legacy);
+  if (spec.versioned) t.versioned()->version = spec.version;
+  DLTensor& dl = spec.versioned ? t.versioned()->dl_tensor : t.legacy()->dl_tensor;
+  if (spec.null_shape) dl.shape = nullptr;
+  if (spec.ndim) dl.ndim = *spec.ndim;
+  return t;
 }
 
 // Checks the code and that the message holds every word.

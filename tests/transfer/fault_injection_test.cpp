@@ -18,7 +18,7 @@
 
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "runtime/sim/sim_api.hpp"
 #include "support/cuda_scenarios.hpp"
 #include "support/import_paths.hpp"
 
@@ -52,16 +52,12 @@ struct world {
   explicit world(const path_case& p) {
     cuda::sim_options so;
     so.min_sleep_us = 1e9;  // copies take no simulated time
-    sim = std::make_shared<cuda::sim_api>(so);
-    runtime_options o;
-    o.topology = process_topology::single_process();
-    o.worker_threads = 2;
-    o.cuda_api = sim;
-    o.staging_chunks = 2;
-    o.staging_chunk_bytes = 4 << 10;
-    absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(std::move(o));
-    REQUIRE(created.ok());
-    rt = *std::move(created);
+    testing::sim_runtime r = testing::make_sim_runtime(so, [](runtime_options& o) {
+      o.staging_chunks = 2;
+      o.staging_chunk_bytes = 4 << 10;
+    });
+    sim = std::move(r.sim);
+    rt = std::move(r.rt);
     if (p.producer_stream) {
       sim->set_device(p.source.ordinal);
       REQUIRE(sim->stream_create(&producer) == cuda::error::success);

@@ -10,7 +10,7 @@
 #include "asio/cancellation_signal.hpp"
 #include "asio/io_context.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "runtime/sim/sim_api.hpp"
 #include "support/cuda_scenarios.hpp"
 
 namespace dlasync {
@@ -22,25 +22,15 @@ using testing::make_tensor;
 using testing::require_status;
 using testing::tensor_spec;
 
-struct sim_runtime {
-  std::shared_ptr<cuda::sim_api> sim;
-  std::unique_ptr<runtime> rt;
-};
+using testing::sim_runtime;
 
+// Simulated GPUs with `chunks` staging chunks of `chunk_bytes`.
 sim_runtime make_sim_runtime(cuda::sim_options so = {}, int chunks = 4,
                              std::uint64_t chunk_bytes = 64 << 10) {
-  sim_runtime r;
-  r.sim = std::make_shared<cuda::sim_api>(so);
-  runtime_options o;
-  o.topology = process_topology::single_process();
-  o.worker_threads = 2;
-  o.cuda_api = r.sim;
-  o.staging_chunks = chunks;
-  o.staging_chunk_bytes = chunk_bytes;
-  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
-  REQUIRE(rt.ok());
-  r.rt = *std::move(rt);
-  return r;
+  return testing::make_sim_runtime(so, [&](runtime_options& o) {
+    o.staging_chunks = chunks;
+    o.staging_chunk_bytes = chunk_bytes;
+  });
 }
 
 void sim_delayed_write(cuda::sim_api& sim, cuda::stream_t producer, void* dst,
@@ -375,13 +365,31 @@ TEST_CASE("a sticky CUDA error fails imports with its name instead of hanging",
   s.data = host.data();
   import_options o;
   o.target = device{device_kind::cuda, 1};
-  r.sim->make_sticky(cuda::error::illegal_address);
-  deleter_count count;
-  managed_tensor source = make_tensor(s, count);
-  require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
-                 {"cudaErrorIllegalAddress"});
-  CHECK(count.calls == 1);
-  r.sim->clear_faults();
+  {
+    INFO("a context failed before the import: refused up front, the tensor kept");
+    r.sim->make_sticky(cuda::error::illegal_address);
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(
+        import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
+        {"cannot tell where the data", "cudaPointerGetAttributes", "cudaErrorIllegalAddress"});
+    CHECK_FALSE(source.empty());
+    CHECK(count.calls == 0);
+    source.reset();
+    CHECK(count.calls == 1);
+    r.sim->clear_faults();
+  }
+  {
+    INFO("a context that fails once the tensor was consumed: the error, the deleter once");
+    r.sim->fail_call("cudaMallocAsync", 1, cuda::error::illegal_address, true);
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
+                   {"cudaMallocAsync", "cudaErrorIllegalAddress"});
+    CHECK(source.empty());
+    CHECK(count.calls == 1);
+    r.sim->clear_faults();
+  }
   deleter_count next;
   managed_tensor again = make_tensor(s, next);
   CHECK(import_now(*r.rt, again, o).ok());

@@ -21,7 +21,7 @@ std::unique_ptr<runtime> real_runtime() {
 
 int gpu_count() {
   int n = 0;
-  return real_runtime()->cuda()->get_device_count(&n) == cuda::error::success ? n : 0;
+  return testing::cuda_of(*real_runtime())->get_device_count(&n) == cuda::error::success ? n : 0;
 }
 
 }  // namespace
@@ -48,7 +48,7 @@ TEST_CASE("GPU: managed memory is viewed in place and copied out", "[gpu]") {
 
 TEST_CASE("GPU: an import follows the producer's stream", "[gpu]") {
   std::unique_ptr<runtime> rt = real_runtime();
-  cuda::api& api = *rt->cuda();
+  cuda::api& api = *testing::cuda_of(*rt);
   // A long device-to-device copy on the producer's stream, then the write:
   // the import has to wait for both.
   void* scratch = nullptr;
@@ -71,7 +71,7 @@ TEST_CASE("GPU: an import follows the producer's stream", "[gpu]") {
 }  // namespace dlasync
 
 int main(int argc, char** argv) {
-  absl::StatusOr<std::unique_ptr<dlasync::cuda::api>> api = dlasync::cuda::make_api("real");
+  absl::StatusOr<std::unique_ptr<dlasync::cuda::api>> api = dlasync::cuda::make_api("real", {});
   if (!api.ok()) {
     std::printf("skipped: the [gpu] tests need a CUDA device: %s\n",
                 std::string(api.status().message()).c_str());

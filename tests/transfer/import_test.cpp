@@ -352,33 +352,18 @@ TEST_CASE("every layout and dtype imports correctly with copy unset, true and fa
 TEST_CASE("the deleter runs only after the copy has read the source", "[transfer][import]") {
   std::unique_ptr<runtime> rt = make_runtime();
   // The deleter poisons the source: a copy still reading would see it.
-  struct poisoned {
-    std::vector<float> data;
-    std::int64_t shape[2];
-    std::int64_t strides[2];
-    DLManagedTensor managed{};
-  };
   for (int round = 0; round < 20; ++round) {
-    auto* p = new poisoned;
-    p->data.resize(1 << 20);
-    for (std::size_t i = 0; i < p->data.size(); ++i) p->data[i] = static_cast<float>(i % 1000);
-    p->shape[0] = 1024;
-    p->shape[1] = 1024;
-    p->strides[0] = 1;  // a transpose: the tile kernel, split across workers
-    p->strides[1] = 1024;
-    p->managed.dl_tensor.data = p->data.data();
-    p->managed.dl_tensor.device = to_dl_device(host_device);
-    p->managed.dl_tensor.ndim = 2;
-    p->managed.dl_tensor.dtype = dtypes::float32.to_dl();
-    p->managed.dl_tensor.shape = p->shape;
-    p->managed.dl_tensor.strides = p->strides;
-    p->managed.manager_ctx = p;
-    p->managed.deleter = [](DLManagedTensor* self) {
-      auto* owner = static_cast<poisoned*>(self->manager_ctx);
-      std::fill(owner->data.begin(), owner->data.end(), -1.0f);
-      delete owner;
-    };
-    managed_tensor source(&p->managed);
+    auto data = std::make_shared<std::vector<float>>(1 << 20);
+    for (std::size_t i = 0; i < data->size(); ++i) (*data)[i] = static_cast<float>(i % 1000);
+    // A transpose: the tile kernel, split across workers.
+    testing::tensor_spec s;
+    s.shape = {1024, 1024};
+    s.strides = std::vector<std::int64_t>{1, 1024};
+    s.data = data->data();
+    s.versioned = false;
+    deleter_count count;
+    count.on_delete = [data] { std::fill(data->begin(), data->end(), -1.0f); };
+    managed_tensor source = make_tensor(s, count);
     import_options o;
     o.require_contiguous = true;
     absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, o, asio::use_future).get();
@@ -391,6 +376,7 @@ TEST_CASE("the deleter runs only after the copy has read the source", "[transfer
       }
     }
     CHECK(intact);
+    CHECK(count.calls == 1);
   }
 }
 

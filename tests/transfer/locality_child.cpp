@@ -26,16 +26,9 @@ int main(int argc, char** argv) {
     return 3;
   }
   float data[4] = {};
-  std::int64_t shape[1] = {4};
-  DLManagedTensorVersioned m{};
-  m.version = {1, 3};
-  m.deleter = [](DLManagedTensorVersioned*) { ++deleted; };
-  m.dl_tensor.data = data;
-  m.dl_tensor.device = dlasync::to_dl_device({dlasync::device_kind::cuda, foreign_ordinal});
-  m.dl_tensor.ndim = 1;
-  m.dl_tensor.dtype = dlasync::dtypes::float32.to_dl();
-  m.dl_tensor.shape = shape;
-  dlasync::managed_tensor source(&m);
+  dlasync::managed_tensor source = dlasync::make_managed_tensor(
+      {.data = data, .device = {dlasync::device_kind::cuda, foreign_ordinal}, .shape = {4}},
+      [] { ++deleted; });
   absl::StatusOr<dlasync::tensor> t =
       dlasync::async_import_dlpack(**rt, source, {}, asio::use_future).get();
   std::printf("%s: %s\n", (*rt)->registry().topology().describe().c_str(),

@@ -21,8 +21,9 @@
 #include "asio/io_context.hpp"
 #include "asio/post.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/sim_cuda.hpp"
+#include "runtime/sim/sim_api.hpp"
 #include "support/import_paths.hpp"
+#include "support/runtime_fixture.hpp"
 
 namespace dlasync {
 namespace {
@@ -70,22 +71,18 @@ round_totals storm_round(std::uint32_t seed, int imports) {
   so.device_to_host_gbps = 1.0;
   so.device_to_device_gbps = 20.0;
   so.min_sleep_us = 5.0;
-  auto sim = std::make_shared<cuda::sim_api>(so);
+  testing::sim_runtime made = testing::make_sim_runtime(so, [seed](runtime_options& o) {
+    o.staging_chunks = 4;
+    o.staging_chunk_bytes = 4 << 10;
+    // Every other round, a budget small enough that imports wait for it.
+    o.copy_memory_budget = seed % 2 == 0 ? 0 : 256 << 10;
+    // Every third round, small host copies run inline (the default); else
+    // they take the workers, which cancellation and shutdown can interrupt.
+    if (seed % 3 != 0) o.inline_copy_bytes = 0;
+  });
+  std::shared_ptr<cuda::sim_api> sim = std::move(made.sim);
+  std::unique_ptr<runtime> rt = std::move(made.rt);
   auto unfreed = std::make_shared<testing::unfreed_memory>();
-  runtime_options o;
-  o.topology = process_topology::single_process();
-  o.worker_threads = 2;
-  o.cuda_api = sim;
-  o.staging_chunks = 4;
-  o.staging_chunk_bytes = 4 << 10;
-  // Every other round, a budget small enough that imports wait for it.
-  o.copy_memory_budget = seed % 2 == 0 ? 0 : 256 << 10;
-  // Every third round, small host copies run inline (the default); else
-  // they take the workers, which cancellation and shutdown can interrupt.
-  if (seed % 3 != 0) o.inline_copy_bytes = 0;
-  absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(std::move(o));
-  REQUIRE(created.ok());
-  std::unique_ptr<runtime> rt = *std::move(created);
 
   cuda::stream_t producers[2] = {nullptr, nullptr};
   for (int d = 0; d < 2; ++d) {

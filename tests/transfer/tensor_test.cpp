@@ -5,19 +5,17 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "support/registries.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync {
 namespace {
 
 using testing::deleter_count;
+using testing::host_registry;
 using testing::make_tensor;
 using testing::require_status;
 using testing::tensor_spec;
-
-device_registry host_registry() {
-  return *device_registry::host_only(process_topology::single_process(2));
-}
 
 tensor import_ok(managed_tensor& t) {
   absl::StatusOr<tensor> view = import_view(t, {}, host_registry());

@@ -5,21 +5,19 @@
 
 #include "catch2/catch.hpp"
 #include "dlasync/transfer/tensor.hpp"
+#include "support/registries.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync {
 namespace {
 
 using testing::deleter_count;
+using testing::host_registry;
 using testing::make_tensor;
 using testing::require_status;
 using testing::tensor_spec;
 
 alignas(64) float storage[64];
-
-device_registry host_registry(int host_devices = 2) {
-  return *device_registry::host_only(process_topology::single_process(host_devices));
-}
 
 tensor_spec matrix() {
   tensor_spec s;

@@ -1,10 +1,10 @@
-#include "dlasync/runtime/cuda_api.hpp"
+#include "runtime/src/cuda/cuda_api.hpp"
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "dlasync/runtime/sim_cuda.hpp"
-#include "real_cuda.hpp"
+#include "runtime/sim/sim_api.hpp"
+#include "runtime/src/cuda/real_cuda.hpp"
 
 namespace dlasync::cuda {
 
@@ -42,10 +42,16 @@ absl::Status to_status(error e, const char* call, int device) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<api>> make_api(const std::string& mode) {
+absl::StatusOr<std::unique_ptr<api>> make_api(const std::string& mode,
+                                              const simulated_gpu_options& simulation) {
   if (mode == "off") return std::unique_ptr<api>();
   if (mode == "sim" || absl::StartsWith(mode, "sim:")) {
     sim_options o;
+    o.memory_per_device = simulation.memory_per_device;
+    o.host_to_device_gbps = simulation.host_to_device_gbps;
+    o.device_to_host_gbps = simulation.device_to_host_gbps;
+    o.device_to_device_gbps = simulation.device_to_device_gbps;
+    o.device_reuse_bytes = simulation.device_reuse_bytes;
     if (mode != "sim" &&
         (!absl::SimpleAtoi(mode.substr(4), &o.devices) || o.devices < 1 || o.devices > 64)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -1,5 +1,5 @@
 // Builds without CUDA support: the real runtime is not there.
-#include "real_cuda.hpp"
+#include "runtime/src/cuda/real_cuda.hpp"
 
 namespace dlasync::cuda {
 

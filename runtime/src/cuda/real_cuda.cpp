@@ -1,9 +1,11 @@
 // The real CUDA runtime behind the seam: each call forwards to cudart.
 #include <cuda_runtime_api.h>
 
+#include <functional>
+#include <memory>
+
 #include "absl/strings/str_cat.h"
-#include "gather_kernel.hpp"
-#include "real_cuda.hpp"
+#include "runtime/src/cuda/real_cuda.hpp"
 
 namespace dlasync::cuda {
 namespace {
@@ -85,6 +87,9 @@ class real_api final : public api {
   error stream_wait_event(stream_t s, event_t ev) override {
     return as_error(cudaStreamWaitEvent(as_stream(s), as_event(ev), 0));
   }
+  error malloc_device(void** p, std::size_t bytes) override {
+    return as_error(cudaMalloc(p, bytes));
+  }
   error malloc_async(void** p, std::size_t bytes, stream_t s) override {
     return as_error(cudaMallocAsync(p, bytes, as_stream(s)));
   }
@@ -116,21 +121,21 @@ class real_api final : public api {
     a->device = attr.device;
     return error::success;
   }
-  error launch_gather(void* dst, const void* src, const strided_layout& layout,
-                      stream_t s) override {
-    detail::gather_params p;
-    if (layout.shape.size() > static_cast<std::size_t>(detail::max_gather_dims)) {
-      return error::invalid_value;
-    }
-    p.ndim = static_cast<int>(layout.shape.size());
-    p.count = 1;
-    for (int d = 0; d < p.ndim; ++d) {
-      p.shape[d] = layout.shape[d];
-      p.strides[d] = layout.strides[d];
-      p.count *= layout.shape[d];
-    }
-    return as_error(detail::launch_gather_kernel(dst, src, p, static_cast<int>(layout.element_size),
-                                                 as_stream(s)));
+  error launch_host_func(stream_t s, std::function<void()> fn) override {
+    auto* call = new std::function<void()>(std::move(fn));
+    const cudaError_t e = cudaLaunchHostFunc(
+        as_stream(s),
+        [](void* arg) {
+          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(arg));
+          (*f)();
+        },
+        call);
+    if (e != cudaSuccess) delete call;  // never enqueued
+    return as_error(e);
+  }
+  error launch_kernel(std::shared_ptr<const device_kernel> kernel, stream_t s) override {
+    // The launch copies the kernel's parameters: the object may go after.
+    return kernel->launch(s);
   }
 };
 

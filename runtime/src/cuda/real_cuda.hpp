@@ -1,10 +1,11 @@
-// The real CUDA runtime behind the seam, in builds with DLASYNC_WITH_CUDA.
+// The real CUDA runtime behind the seam (internal), in builds with
+// DLASYNC_WITH_CUDA; builds without it say why there is none.
 #pragma once
 
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/cuda_api.hpp"
+#include "runtime/src/cuda/cuda_api.hpp"
 
 namespace dlasync::cuda {
 

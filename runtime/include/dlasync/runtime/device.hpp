@@ -53,6 +53,10 @@ const char* device_kind_name(device_kind kind) noexcept;
 // directly: CPU memory and pinned CUDA or ROCm host memory.
 bool is_host_memory(device_kind kind) noexcept;
 
+// Returns true for memory that lives on a CUDA GPU: device memory (`cuda`)
+// and managed memory (`cuda_managed`, read in place on its GPU).
+bool is_gpu_memory(device_kind kind) noexcept;
+
 // `device` is a kind plus an ordinal within it. The ordinal is the
 // `device_id` of DLPack: for CUDA the CUDA ordinal seen by this process, for
 // the CPU the index of a (virtual) host device, 0 for the real one.

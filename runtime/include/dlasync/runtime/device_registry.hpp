@@ -44,13 +44,6 @@ struct served_devices {
 // host memory read as host memory (it cannot allocate pinned memory itself).
 std::vector<served_devices> host_backend_devices(int host_devices);
 
-// A device and the global rank of the process that owns it.
-struct owned_device {
-  int rank = 0;
-  dlasync::device device;
-  friend bool operator==(const owned_device&, const owned_device&) = default;
-};
-
 class device_registry {
  public:
   // InvalidArgument when the topology is inconsistent or an entry repeats a
@@ -69,11 +62,6 @@ class device_registry {
 
   // The devices this process may address, in kind then ordinal order.
   std::vector<device> addressable_devices() const;
-
-  // The devices of every process of the job that this registry can name:
-  // each process's host devices and this node's CUDA devices with their
-  // owners (other nodes' GPUs are not visible from here).
-  std::vector<owned_device> all_devices() const;
 
   // OK when `d` exists and this process can read or write it through a
   // backend of this build. `role` ("source", "target") starts the message.

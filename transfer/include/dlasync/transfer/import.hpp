@@ -9,12 +9,16 @@
 // consumed tensor's deleter runs exactly once: for a view, when the last
 // reference to the imported tensor goes; for a copy, as soon as the copy has
 // finished reading it, before the result is delivered, also on error,
-// cancellation and runtime shutdown. Deleters may run on a worker thread, or
-// on the calling thread for a small host copy done inline (below).
+// cancellation and runtime shutdown. A deleter runs on the thread that sees
+// its copy finish: a worker, the CUDA reactor thread, or the calling thread
+// for a small host copy done inline (below); a view's on the thread that
+// drops the last reference.
 //
 // Stream ordering. Host memory has no streams: `options.stream` must be
-// none (or -1). The copy is enqueued on one of the target device's in-order
-// streams; CUDA producers' streams are honoured by the CUDA backend.
+// none (stream_no_sync). The copy is enqueued on one of the in-order
+// streams of the device that carries it (the target, or the source GPU for
+// a download); a CUDA producer's stream is followed on the device, without
+// blocking a thread.
 //
 // Completion. A view needs no work: the awaitable form returns it without
 // suspending. Neither does a host-to-host copy of at most
@@ -59,7 +63,7 @@
 #include "asio/async_result.hpp"
 #include "asio/awaitable.hpp"
 #include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/detail/import_op.hpp"
+#include "dlasync/transfer/detail/import_initiation.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"

@@ -17,17 +17,10 @@
 #include <optional>
 
 #include "dlasync/runtime/device.hpp"
+#include "dlasync/runtime/dlpack_stream.hpp"
+#include "dlasync/transfer/limits.hpp"
 
 namespace dlasync {
-
-// The most dimensions an imported tensor may have (NumPy 2 allows 64 too).
-inline constexpr int max_ndim = 64;
-
-// The largest `min_alignment` a caller may ask for.
-inline constexpr std::size_t max_alignment = std::size_t{1} << 20;
-
-// The DLPack stream value meaning "do not synchronize: the caller orders".
-inline constexpr std::int64_t stream_no_sync = -1;
 
 struct import_options {
   // Where the tensor should land. Empty: the source's own device, which must
@@ -39,10 +32,11 @@ struct import_options {
   // the target, alignment, contiguity or writability ask for it.
   std::optional<bool> copy;
 
-  // The producer's stream in DLPack's encoding: empty or -1 for none (the
-  // caller orders); for CUDA memory 1 (legacy default), 2 (per-thread
-  // default) or a cudaStream_t; 0 is ambiguous and refused. Host memory has
-  // no streams: only none is legal there.
+  // The producer's stream in DLPack's encoding (dlpack_stream.hpp): empty
+  // or stream_no_sync for none (the caller orders); for CUDA memory 1
+  // (legacy default), 2 (per-thread default) or a cudaStream_t; 0 is
+  // ambiguous and refused. Host memory has no streams: only none is legal
+  // there.
   std::optional<std::int64_t> stream;
 
   // The caller's stream on the target GPU (DLPack encoding). When given, the

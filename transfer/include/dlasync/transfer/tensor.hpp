@@ -28,7 +28,6 @@
 #include <span>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device_buffer.hpp"
 #include "dlasync/transfer/detail/tensor_state.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/import_options.hpp"
@@ -37,19 +36,14 @@
 
 namespace dlasync {
 
+namespace detail {
+struct tensor_factory;
+}  // namespace detail
+
 class tensor {
  public:
   // An empty tensor.
   tensor() noexcept = default;
-
-  // A view of `source`'s memory as `plan` (from plan_import on `source`)
-  // describes, on `plan.target`. Takes ownership of `source`.
-  static tensor make_view(managed_tensor source, const import_plan& plan);
-
-  // A compact row-major tensor of extents `shape` owning `buffer`, which
-  // holds `plan`'s elements on `plan.target`.
-  static tensor make_copy(device_buffer buffer, const import_plan& plan,
-                          std::span<const std::int64_t> shape);
 
   bool empty() const noexcept { return state_ == nullptr; }
   explicit operator bool() const noexcept { return state_ != nullptr; }
@@ -103,6 +97,7 @@ class tensor {
   absl::StatusOr<DLManagedTensor*> to_dlpack_legacy() const;
 
  private:
+  friend struct detail::tensor_factory;
   explicit tensor(std::shared_ptr<const detail::tensor_state> state) noexcept
       : state_(std::move(state)) {}
 

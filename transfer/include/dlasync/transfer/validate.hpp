@@ -14,7 +14,7 @@
 //   if (!plan.ok()) return plan.status();  // tensor untouched
 //   if (plan->needs_copy()) ...             // plan->copy_reason_text() says why
 //
-// Status codes (docs/validation.md lists every rule and message):
+// Status codes (docs/foundation.md lists every rule and message):
 //   InvalidArgument    malformed tensor or options (NULL pointers, negative
 //                      ndim or extents, bits not valid for the type, bad stream);
 //   OutOfRange         sizes beyond limits: ndim above max_ndim, element count,
@@ -68,15 +68,17 @@ struct import_plan {
   std::uint64_t flags = 0;     // the known versioned flags
   std::size_t alignment = 1;   // what the target requires of the first element
   std::uintptr_t address = 0;  // the first element's address (data + byte_offset)
-  // The producer's stream the import must follow (DLPack encoding), or -1.
-  std::int64_t producer_stream = -1;
-  // The caller's stream that is to wait for the import on the device, or -1.
-  std::int64_t consumer_stream = -1;
+  // The producer's stream the import must follow (DLPack encoding), or
+  // stream_no_sync.
+  std::int64_t producer_stream = stream_no_sync;
+  // The caller's stream that is to wait for the import on the device, or
+  // stream_no_sync.
+  std::int64_t consumer_stream = stream_no_sync;
   std::uint8_t copy_reasons = 0;
 
   bool needs_copy() const noexcept { return copy_reasons != 0; }
   // A view that must wait for the producer's stream before it is handed out.
-  bool needs_wait() const noexcept { return producer_stream != -1; }
+  bool needs_wait() const noexcept { return producer_stream != stream_no_sync; }
   bool has(copy_reason r) const noexcept {
     return (copy_reasons & static_cast<std::uint8_t>(r)) != 0;
   }

@@ -1,0 +1,88 @@
+// dlasync/runtime/runtime_options.hpp
+//
+// `dlasync::runtime_options` configures a runtime: its threads, the devices
+// it serves, its streams, the memory its copies may hold, and which CUDA
+// runtime stands behind its GPUs (the real one, simulated GPUs, or none).
+// `runtime::create` checks every field and refuses a bad one with
+// InvalidArgument naming the field, the value seen and the range allowed.
+//
+// Example:
+//
+//   dlasync::runtime_options o;
+//   o.worker_threads = 4;
+//   o.copy_memory_budget = std::uint64_t{2} << 30;  // 2 GiB of copies at once
+//   o.cuda = "sim:2";                              // two simulated GPUs
+//   auto rt = dlasync::runtime::create(o);
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "dlasync/runtime/topology.hpp"
+
+namespace dlasync {
+
+// The simulated GPUs that `runtime_options::cuda = "sim:N"` gives, for
+// machines without a GPU: device memory is host memory counted against a
+// capacity, and copies take the time their bytes need at these rates. They
+// are always reported as simulated ("dlasync simulated GPU 0").
+struct simulated_gpu_options {
+  // Device memory of each simulated GPU; more than 0.
+  std::uint64_t memory_per_device = std::uint64_t{1} << 30;
+  // Link rates in GB/s, each more than 0 and at most 1e6.
+  double host_to_device_gbps = 25.0;
+  double device_to_host_gbps = 25.0;
+  double device_to_device_gbps = 400.0;
+  // Freed device memory kept for reuse, up to this many bytes per GPU, so
+  // that the host pages standing in for it stay resident as device memory
+  // does (benchmarks set it). 0 frees at once, so that a sanitizer sees a
+  // read after free.
+  std::uint64_t device_reuse_bytes = 0;
+};
+
+struct runtime_options {
+  // Threads running the runtime's io_context: [1, 1024].
+  int executor_threads = 1;
+  // Copy workers: [0, 1024]; 0 means one per hardware thread.
+  int worker_threads = 0;
+  // The process topology; empty means process_topology::from_environment().
+  std::optional<process_topology> topology;
+  // Virtual host devices (cpu:0..n-1): [0, 1024]; 0 means the topology's
+  // count.
+  int host_devices = 0;
+  // In-order streams per device, taken by imports in turn: [1, 64].
+  int streams_per_device = 2;
+  // Bytes that copies may hold at once (until their tensors are released);
+  // 0 means unlimited. Imports beyond it wait. Every value is valid.
+  std::uint64_t copy_memory_budget = 0;
+  // Host copies of at least this many bytes are split across the workers,
+  // in parts of half of it at least (a part must outlast the wake-up of
+  // the worker that takes it): at least 4096.
+  std::uint64_t parallel_copy_bytes = 1 << 20;
+  // Host-to-host copies of at most this many bytes run on the thread that
+  // starts the import, inside the call, when the budget has room at once:
+  // such a copy takes less time than the hop to a worker and back. 0 sends
+  // every copy to the workers. At most 64 MiB: a larger copy would hold the
+  // caller's thread for milliseconds.
+  std::uint64_t inline_copy_bytes = 64 << 10;
+  // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
+  // this many bytes, so that imports do not page-fault through fresh
+  // memory. 0 keeps none. Every value is valid.
+  std::uint64_t host_cache_bytes = std::uint64_t{1} << 30;
+
+  // CUDA: "off", "auto" (real GPUs when present), "real", "sim" or "sim:N"
+  // for N simulated GPUs (1 to 64). Empty means the DLASYNC_CUDA
+  // environment variable, else "auto".
+  std::string cuda;
+  // What "sim" and "sim:N" simulate.
+  simulated_gpu_options simulation;
+  // Pinned staging for transfers between pageable host memory and GPUs:
+  // the size of a chunk, [4096, 1 GiB]; the chunks shared by all imports,
+  // [1, 1024]; and the streams per GPU that carry chunks, [1, 64].
+  std::uint64_t staging_chunk_bytes = 4 << 20;
+  int staging_chunks = 8;
+  int staging_streams = 2;
+};
+
+}  // namespace dlasync

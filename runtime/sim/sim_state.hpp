@@ -1,0 +1,66 @@
+// The simulation's shared state (internal to runtime/sim/): the stream,
+// event and copy-engine records behind sim_api's handles, and the device
+// each thread has made current.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "runtime/sim/sim_api.hpp"
+
+namespace dlasync::cuda {
+
+// The device made current by the calling thread (cudaSetDevice): per
+// thread, as in cudart, and shared by every simulated runtime.
+inline thread_local int sim_current_device = 0;
+
+// An in-order queue with its own thread.
+struct sim_api::stream {
+  int device = 0;
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::deque<std::function<void()>> queue;
+  bool stop = false;
+  std::thread worker;
+
+  ~stream() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    wake.notify_all();
+    if (worker.joinable()) worker.join();
+  }
+};
+
+struct sim_api::event {
+  int device = 0;
+  std::mutex mutex;
+  std::condition_variable done;
+  // Records are numbered; a record is complete when its stream reached it.
+  // Records on different streams may complete out of order: a wait holds
+  // for the record it saw, whatever later ones do (as in CUDA).
+  std::uint64_t recorded = 0;
+  std::set<std::uint64_t> pending;
+
+  bool complete(std::uint64_t generation) const { return !pending.contains(generation); }
+};
+
+// A copy engine: a timeline of the link. Each copy reserves the next free
+// slot of bytes / bandwidth, in arrival order, then sleeps until its slot
+// ends. Slots follow each other on the timeline, not on the moments the
+// sleeps really end, so that the oversleeping of one copy does not slow the
+// link down.
+
+struct sim_api::engine {
+  std::mutex mutex;
+  std::chrono::steady_clock::time_point free_at{};
+};
+
+}  // namespace dlasync::cuda

@@ -1,0 +1,178 @@
+// The CUDA seam (internal): every CUDA runtime call dlasync makes goes
+// through `dlasync::cuda::api`. Two implementations stand behind it:
+//   - the real CUDA runtime (cudart), in builds with DLASYNC_WITH_CUDA
+//     (real_cuda.cpp);
+//   - a simulated CUDA runtime (runtime/sim/) for machines without a GPU,
+//     always reported as simulated.
+// `make_api` picks one from a mode string: "off", "real", "sim:N" (N
+// simulated GPUs) or "auto" (real when a device is present, else off). The
+// environment variable DLASYNC_CUDA gives the mode when the runtime options
+// leave it empty.
+//
+// Calls mirror cudart's, with the same error numbers, so the real
+// implementation is a thin forwarding layer. Handles are opaque pointers;
+// DLPack's stream values 1 (legacy default) and 2 (per-thread default) are
+// valid stream handles, as in cudart. Kernels are objects (`device_kernel`)
+// that the real runtime launches on the GPU and the simulated one runs on
+// the host in stream order.
+//
+// Thread safety: implementations are safe to call from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlasync/runtime/runtime_options.hpp"
+
+namespace dlasync::cuda {
+
+using stream_t = void*;
+using event_t = void*;
+
+// cudaError_t values dlasync distinguishes; others pass through as numbers.
+enum class error : int {
+  success = 0,
+  invalid_value = 1,
+  memory_allocation = 2,
+  initialization_error = 3,
+  insufficient_driver = 35,
+  no_device = 100,
+  invalid_device = 101,
+  invalid_resource_handle = 400,
+  not_ready = 600,
+  illegal_address = 700,
+  launch_failure = 719,
+  peer_access_unsupported = 217,
+  unknown = 999,
+};
+
+// "cudaErrorMemoryAllocation"; the number for codes not listed above.
+std::string error_name(error e);
+
+enum class memcpy_kind : int {
+  host_to_host = 0,
+  host_to_device = 1,
+  device_to_host = 2,
+  device_to_device = 3,
+  any = 4,  // cudaMemcpyDefault: inferred from the pointers (unified addressing)
+};
+
+enum class memory_type : int { unregistered = 0, host = 1, device = 2, managed = 3 };
+
+struct pointer_attributes {
+  memory_type type = memory_type::unregistered;
+  int device = -1;
+};
+
+struct device_properties {
+  std::string name;
+  std::uint64_t total_memory = 0;
+  int async_engine_count = 0;
+  bool concurrent_managed_access = false;
+  int major = 0;
+  int minor = 0;
+};
+
+// A kernel of dlasync's, launched through the seam: the real runtime calls
+// `launch`, which launches the nvcc-built kernel with its parameters
+// copied; the simulated runtime keeps the object and calls `simulate` on
+// the stream's thread, in stream order.
+class device_kernel {
+ public:
+  virtual ~device_kernel() = default;
+  // The kernel's name in errors and in the simulation's fault injection.
+  virtual const char* name() const noexcept = 0;
+  // The memory the kernel writes, and how many bytes: the simulation checks
+  // it lies on the stream's device and charges the bytes to its timeline.
+  virtual void* output() const noexcept = 0;
+  virtual std::uint64_t output_bytes() const noexcept = 0;
+  // Real GPUs: launches the kernel on `stream` of the current device.
+  virtual error launch(stream_t stream) const = 0;
+  // Simulated GPUs: the kernel's work, done on the host.
+  virtual void simulate() const = 0;
+};
+
+class api {
+ public:
+  virtual ~api() = default;
+
+  // True for the simulated runtime.
+  virtual bool simulated() const noexcept = 0;
+
+  virtual error get_device_count(int* count) = 0;
+  virtual error set_device(int device) = 0;
+  virtual error get_device(int* device) = 0;
+  virtual error get_device_properties(device_properties* properties, int device) = 0;
+  virtual error device_can_access_peer(int* can, int device, int peer) = 0;
+  // Enables access from the current device to `peer`'s memory.
+  virtual error device_enable_peer_access(int peer) = 0;
+
+  // A non-blocking stream on the current device.
+  virtual error stream_create(stream_t* stream) = 0;
+  virtual error stream_destroy(stream_t stream) = 0;
+  // An event without timing, on the current device.
+  virtual error event_create(event_t* event) = 0;
+  virtual error event_destroy(event_t event) = 0;
+  virtual error event_record(event_t event, stream_t stream) = 0;
+  // success when complete, not_ready when not yet, else the stream's error.
+  virtual error event_query(event_t event) = 0;
+  virtual error stream_wait_event(stream_t stream, event_t event) = 0;
+
+  // Device memory of the current device, usable on any stream once the
+  // call returns (cudaMalloc); freed with free_device.
+  virtual error malloc_device(void** pointer, std::size_t bytes) = 0;
+  // Stream-ordered device memory of the current device.
+  virtual error malloc_async(void** pointer, std::size_t bytes, stream_t stream) = 0;
+  virtual error free_async(void* pointer, stream_t stream) = 0;
+  // Page-locked host memory.
+  virtual error malloc_host(void** pointer, std::size_t bytes) = 0;
+  virtual error free_host(void* pointer) = 0;
+  // Managed (unified) memory of the current device, readable by the host
+  // and the GPUs (cudaMallocManaged).
+  virtual error malloc_managed(void** pointer, std::size_t bytes) = 0;
+  // Frees device or managed memory, once the device is done with it
+  // (cudaFree).
+  virtual error free_device(void* pointer) = 0;
+
+  // Asynchronous for page-locked or device memory on both sides; with
+  // pageable host memory the caller is held until the copy is staged, as the
+  // driver does.
+  virtual error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
+                             stream_t stream) = 0;
+  virtual error pointer_get_attributes(pointer_attributes* attributes, const void* pointer) = 0;
+
+  // Runs `fn` on a thread of the runtime once the work enqueued on `stream`
+  // before it has run; later work waits for it (cudaLaunchHostFunc).
+  virtual error launch_host_func(stream_t stream, std::function<void()> fn) = 0;
+
+  // Launches `kernel` on `stream` of the current device.
+  virtual error launch_kernel(std::shared_ptr<const device_kernel> kernel, stream_t stream) = 0;
+};
+
+// Builds the API for `mode` ("off", "real", "auto", "sim", "sim:N"), with
+// `simulation` describing simulated GPUs; nullptr for "off", or for "auto"
+// without a usable device. InvalidArgument for a malformed mode, Unavailable
+// for "real" without CUDA in the build or without a device.
+absl::StatusOr<std::unique_ptr<api>> make_api(const std::string& mode,
+                                              const simulated_gpu_options& simulation);
+
+// A Status for a failed call: "cudaMallocAsync failed on cuda:1:
+// cudaErrorMemoryAllocation (2)". ResourceExhausted for memory errors,
+// Unavailable for missing drivers or devices, Internal otherwise.
+absl::Status to_status(error e, const char* call, int device);
+
+}  // namespace dlasync::cuda
+
+// Returns the Status for a failed CUDA call from the enclosing function.
+#define DLASYNC_CUDA_RETURN_IF_ERROR(call_name, device, expr)                    \
+  do {                                                                           \
+    if (const ::dlasync::cuda::error dlasync_cuda_error_ = (expr);               \
+        dlasync_cuda_error_ != ::dlasync::cuda::error::success) [[unlikely]] {   \
+      return ::dlasync::cuda::to_status(dlasync_cuda_error_, call_name, device); \
+    }                                                                            \
+  } while (false)

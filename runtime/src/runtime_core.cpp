@@ -1,0 +1,142 @@
+#include "runtime/src/runtime_core.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "runtime/src/status_macros.hpp"
+
+namespace dlasync::detail {
+
+absl::StatusOr<std::unique_ptr<runtime>> create_runtime(runtime_options options,
+                                                        runtime_hooks hooks) {
+  DLASYNC_RETURN_IF_ERROR(check_options(options));
+  process_topology topology;
+  if (options.topology) {
+    topology = *options.topology;
+  } else {
+    DLASYNC_ASSIGN_OR_RETURN(topology, process_topology::from_environment());
+  }
+  if (options.host_devices > 0) topology.host_device_count = options.host_devices;
+  options.host_devices = topology.host_device_count;
+  if (options.worker_threads == 0) {
+    options.worker_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  if (options.cuda.empty()) {
+    const char* env = std::getenv("DLASYNC_CUDA");
+    options.cuda = env != nullptr ? env : "auto";
+  }
+  DLASYNC_ASSIGN_OR_RETURN(std::unique_ptr<runtime_core> core,
+                           runtime_core::create(std::move(options), topology, std::move(hooks)));
+  return runtime_access::wrap(std::move(core));
+}
+
+runtime_core::runtime_core(runtime_options options, runtime_hooks hooks)
+    : options_(std::move(options)),
+      hooks_(std::move(hooks)),
+      budget_(std::make_shared<memory_budget>(options_.copy_memory_budget)),
+      workers_(static_cast<std::size_t>(options_.worker_threads)) {}
+
+absl::StatusOr<std::unique_ptr<runtime_core>> runtime_core::create(runtime_options options,
+                                                                   process_topology topology,
+                                                                   runtime_hooks hooks) {
+  std::unique_ptr<runtime_core> core(new runtime_core(std::move(options), std::move(hooks)));
+  DLASYNC_RETURN_IF_ERROR(core->start(topology));
+  return core;
+}
+
+absl::Status runtime_core::start(const process_topology& topology) {
+  host_backend_options host;
+  host.host_devices = options_.host_devices;
+  host.streams_per_device = options_.streams_per_device;
+  host.cache_max_bytes = options_.host_cache_bytes;
+  host_ = std::make_unique<host_backend>(host, workers_);
+  std::vector<served_devices> served = host_->served();
+
+  cuda_api_ = hooks_.cuda_api;
+  if (!cuda_api_) {
+    DLASYNC_ASSIGN_OR_RETURN(cuda_api_, cuda::make_api(options_.cuda, options_.simulation));
+  }
+  if (cuda_api_) {
+    cuda_options o;
+    o.streams_per_device = options_.streams_per_device;
+    o.staging_streams = options_.staging_streams;
+    o.staging_chunk_bytes = options_.staging_chunk_bytes;
+    o.staging_chunks = options_.staging_chunks;
+    DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o));
+    std::vector<served_devices> more = cuda_->served();
+    served.insert(served.end(), more.begin(), more.end());
+  }
+  DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));
+  registry_.emplace(std::move(registry));
+  const int gpus = cuda_ ? cuda_->device_count() : 0;
+  next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(
+      static_cast<std::size_t>(options_.host_devices + 1 + gpus));
+  work_.emplace(io_.get_executor());
+  for (int i = 0; i < options_.executor_threads; ++i) {
+    executor_threads_.emplace_back([this] { io_.run(); });
+  }
+  return absl::OkStatus();
+}
+
+runtime_core::~runtime_core() {
+  shutdown();
+}
+
+backend* runtime_core::backend_for(device_kind kind) noexcept {
+  if (kind == device_kind::cpu || kind == device_kind::cuda_host) return host_.get();
+  if (is_gpu_memory(kind)) return cuda_.get();
+  return nullptr;
+}
+
+stream_ref runtime_core::next_stream(device d) noexcept {
+  std::size_t slot = static_cast<std::size_t>(options_.host_devices);  // pinned host memory
+  if (d.kind == device_kind::cpu) slot = static_cast<std::size_t>(d.ordinal);
+  if (d.kind == device_kind::cuda) slot += 1 + static_cast<std::size_t>(d.ordinal);
+  const std::uint32_t n = next_stream_[slot].fetch_add(1, std::memory_order_relaxed);
+  return {d, static_cast<int>(n % static_cast<std::uint32_t>(options_.streams_per_device))};
+}
+
+std::size_t runtime_core::in_flight() const {
+  std::lock_guard lock(ops_mutex_);
+  return ops_.size();
+}
+
+std::uint64_t runtime_core::begin_operation(std::function<void()> cancel) {
+  std::lock_guard lock(ops_mutex_);
+  if (!accepting_.load(std::memory_order_acquire)) return 0;
+  const std::uint64_t id = next_op_++;
+  ops_.emplace(id, std::move(cancel));
+  return id;
+}
+
+void runtime_core::end_operation(std::uint64_t id) {
+  std::lock_guard lock(ops_mutex_);
+  ops_.erase(id);
+  if (ops_.empty()) ops_done_.notify_all();
+}
+
+void runtime_core::shutdown() {
+  std::vector<std::function<void()>> cancels;
+  {
+    std::lock_guard lock(ops_mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    accepting_.store(false, std::memory_order_release);
+    for (auto& [id, cancel] : ops_) cancels.push_back(cancel);
+  }
+  for (std::function<void()>& cancel : cancels) cancel();
+  {
+    std::unique_lock lock(ops_mutex_);
+    ops_done_.wait(lock, [this] { return ops_.empty(); });
+  }
+  // Every import has released its source; now stop the threads, once no
+  // CUDA completion callback is still handing work to them.
+  if (cuda_) cuda_->quiesce();
+  work_.reset();
+  io_.stop();
+  for (std::thread& t : executor_threads_) t.join();
+  workers_.join();
+  cuda_.reset();
+}
+
+}  // namespace dlasync::detail

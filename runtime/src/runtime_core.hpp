@@ -1,0 +1,133 @@
+// The runtime's core (internal): everything a `dlasync::runtime` owns, for
+// the transfer layer and the tests to reach. The public class is a facade
+// over it (dlasync/runtime/runtime.hpp says what it promises).
+//
+// It owns, in the order they are built: the options, the copy budget, the
+// worker pool, the host backend, the CUDA backend when there is one, the
+// device registry, the io_context and its threads. Imports register as
+// operations so that shutdown can cancel them and wait for them.
+//
+// Thread safety: all members are safe to call from any thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "asio/executor_work_guard.hpp"
+#include "asio/io_context.hpp"
+#include "asio/thread_pool.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "runtime/src/backend.hpp"
+#include "runtime/src/cuda/cuda_api.hpp"
+#include "runtime/src/cuda/cuda_backend.hpp"
+#include "runtime/src/host/host_backend.hpp"
+
+namespace dlasync::detail {
+
+// What tests put into a runtime beyond its options: a configured CUDA
+// runtime (a simulation with faults armed, say) instead of the one the
+// options name, and a call after each piece of a host copy.
+struct runtime_hooks {
+  std::shared_ptr<cuda::api> cuda_api;
+  std::function<void()> copy_unit_observer;
+};
+
+class runtime_core {
+ public:
+  // `options` must have passed check_options; the topology, worker count,
+  // host devices and CUDA mode resolved.
+  static absl::StatusOr<std::unique_ptr<runtime_core>> create(runtime_options options,
+                                                              process_topology topology,
+                                                              runtime_hooks hooks);
+  runtime_core(const runtime_core&) = delete;
+  runtime_core& operator=(const runtime_core&) = delete;
+  ~runtime_core();
+
+  const runtime_options& options() const noexcept { return options_; }
+  const runtime_hooks& hooks() const noexcept { return hooks_; }
+  const device_registry& registry() const noexcept { return *registry_; }
+  const std::shared_ptr<memory_budget>& budget() const noexcept { return budget_; }
+  asio::io_context& io() noexcept { return io_; }
+  asio::thread_pool& workers() noexcept { return workers_; }
+
+  host_backend& host() noexcept { return *host_; }
+  // The CUDA backend, or nullptr when this runtime has none.
+  cuda_backend* cuda() noexcept { return cuda_.get(); }
+  // The CUDA runtime behind it (real or simulated), or nullptr.
+  cuda::api* cuda_api() noexcept { return cuda_api_.get(); }
+
+  // The backend that serves `kind` (the registry says which); nullptr when
+  // none does.
+  backend* backend_for(device_kind kind) noexcept;
+
+  // The next stream of `d`, round robin over streams_per_device.
+  stream_ref next_stream(device d) noexcept;
+
+  // False once shutdown has begun.
+  bool accepting() const noexcept { return accepting_.load(std::memory_order_acquire); }
+  std::size_t in_flight() const;
+
+  // Registers an import that `cancel` stops. Returns 0 when the runtime no
+  // longer accepts work; else an id for `end_operation`.
+  std::uint64_t begin_operation(std::function<void()> cancel);
+  void end_operation(std::uint64_t id);
+
+  // Stops accepting, cancels what is in flight, waits for it, then stops
+  // the threads. Idempotent.
+  void shutdown();
+
+ private:
+  runtime_core(runtime_options options, runtime_hooks hooks);
+  absl::Status start(const process_topology& topology);
+
+  runtime_options options_;
+  runtime_hooks hooks_;
+  std::shared_ptr<memory_budget> budget_;
+  asio::thread_pool workers_;
+  std::unique_ptr<host_backend> host_;
+  std::shared_ptr<cuda::api> cuda_api_;
+  std::unique_ptr<cuda_backend> cuda_;
+  std::optional<device_registry> registry_;
+  asio::io_context io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::vector<std::thread> executor_threads_;
+  std::unique_ptr<std::atomic<std::uint32_t>[]> next_stream_;
+
+  std::atomic<bool> accepting_{true};
+  mutable std::mutex ops_mutex_;
+  std::condition_variable ops_done_;
+  std::uint64_t next_op_ = 1;
+  absl::flat_hash_map<std::uint64_t, std::function<void()>> ops_;
+  bool shut_down_ = false;
+};
+
+// The core of `rt`.
+struct runtime_access {
+  static runtime_core& core(runtime& rt) noexcept { return *rt.core_; }
+  static const runtime_core& core(const runtime& rt) noexcept { return *rt.core_; }
+  static std::unique_ptr<runtime> wrap(std::unique_ptr<runtime_core> core) {
+    return std::unique_ptr<runtime>(new runtime(std::move(core)));
+  }
+};
+
+inline runtime_core& core_of(runtime& rt) noexcept {
+  return runtime_access::core(rt);
+}
+
+// runtime::create with `hooks` (tests): the same checks and resolution.
+absl::StatusOr<std::unique_ptr<runtime>> create_runtime(runtime_options options,
+                                                        runtime_hooks hooks);
+
+// InvalidArgument naming the first field of `options` out of range.
+absl::Status check_options(const runtime_options& options);
+
+}  // namespace dlasync::detail

@@ -1,0 +1,189 @@
+// runtime::create refuses every option outside its range with
+// InvalidArgument, naming the option, the value seen and the range; the
+// bounds themselves pass.
+#include "dlasync/runtime/runtime_options.hpp"
+
+#include <cmath>
+#include <limits>
+
+#include "catch2/catch.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "runtime/src/runtime_core.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync {
+namespace {
+
+runtime_options base() {
+  runtime_options o;
+  o.topology = process_topology::single_process();
+  o.worker_threads = 1;
+  o.cuda = "off";
+  return o;
+}
+
+void refused(const runtime_options& o, std::initializer_list<const char*> words) {
+  testing::require_status(runtime::create(o).status(), absl::StatusCode::kInvalidArgument, words);
+}
+
+bool accepted(const runtime_options& o) {
+  return detail::check_options(o).ok();
+}
+
+constexpr std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
+
+}  // namespace
+
+TEST_CASE("executor_threads outside [1, 1024] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.executor_threads = 0;
+  refused(o, {"runtime_options::executor_threads is 0", "[1, 1024]"});
+  o.executor_threads = 1025;
+  refused(o, {"executor_threads is 1025"});
+  o.executor_threads = 1024;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("worker_threads outside [0, 1024] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.worker_threads = -1;
+  refused(o, {"runtime_options::worker_threads is -1", "[0, 1024]", "one per hardware thread"});
+  o.worker_threads = 1025;
+  refused(o, {"worker_threads is 1025"});
+  o.worker_threads = 0;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("host_devices outside [0, 1024] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.host_devices = -2;
+  refused(o, {"runtime_options::host_devices is -2", "[0, 1024]"});
+  o.host_devices = 1025;
+  refused(o, {"host_devices is 1025"});
+}
+
+TEST_CASE("streams_per_device outside [1, 64] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.streams_per_device = 0;
+  refused(o, {"runtime_options::streams_per_device is 0", "[1, 64]"});
+  o.streams_per_device = 65;
+  refused(o, {"streams_per_device is 65"});
+  o.streams_per_device = 64;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("parallel_copy_bytes below 4096 is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.parallel_copy_bytes = 0;
+  refused(o, {"runtime_options::parallel_copy_bytes is 0", "at least 4096"});
+  o.parallel_copy_bytes = 4095;
+  refused(o, {"parallel_copy_bytes is 4095"});
+  o.parallel_copy_bytes = 4096;
+  CHECK(accepted(o));
+  o.parallel_copy_bytes = most;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("inline_copy_bytes above 64 MiB is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.inline_copy_bytes = (64 << 20) + 1;
+  refused(o, {"runtime_options::inline_copy_bytes is 67108865", "[0, 67108864]",
+              "hold the caller's thread"});
+  o.inline_copy_bytes = 0;
+  CHECK(accepted(o));
+  o.inline_copy_bytes = 64 << 20;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("the copy budget and the host cache take every value", "[runtime][options]") {
+  runtime_options o = base();
+  for (const std::uint64_t v : {std::uint64_t{0}, std::uint64_t{1}, most}) {
+    o.copy_memory_budget = v;
+    o.host_cache_bytes = v;
+    CHECK(accepted(o));
+  }
+  o.copy_memory_budget = 1;
+  o.host_cache_bytes = 0;
+  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(o);
+  REQUIRE(rt.ok());
+  CHECK((*rt)->copy_budget().limit() == 1);
+}
+
+TEST_CASE("staging_chunk_bytes outside [4096, 1 GiB] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.cuda = "sim:1";
+  o.staging_chunk_bytes = 0;
+  refused(o, {"runtime_options::staging_chunk_bytes is 0", "[4096, 1073741824]"});
+  o.staging_chunk_bytes = 4095;
+  refused(o, {"staging_chunk_bytes is 4095"});
+  o.staging_chunk_bytes = (std::uint64_t{1} << 30) + 1;
+  refused(o, {"staging_chunk_bytes is 1073741825"});
+  o.staging_chunk_bytes = 4096;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("staging_chunks outside [1, 1024] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.cuda = "sim:1";
+  o.staging_chunks = -1;
+  refused(o, {"runtime_options::staging_chunks is -1", "[1, 1024]"});
+  o.staging_chunks = 0;
+  refused(o, {"staging_chunks is 0"});
+  o.staging_chunks = 1025;
+  refused(o, {"staging_chunks is 1025"});
+  o.staging_chunks = 1;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("staging_streams outside [1, 64] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.cuda = "sim:1";
+  o.staging_streams = 0;
+  refused(o, {"runtime_options::staging_streams is 0", "[1, 64]"});
+  o.staging_streams = 65;
+  refused(o, {"staging_streams is 65"});
+  o.staging_streams = 1;
+  CHECK(accepted(o));
+}
+
+TEST_CASE("a CUDA mode that names nothing is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.cuda = "gpu please";
+  refused(o, {"CUDA mode \"gpu please\"", "off, auto, real, sim, sim:N"});
+  o.cuda = "sim:0";
+  refused(o, {"\"sim:0\"", "[1, 64]"});
+  o.cuda = "sim:65";
+  refused(o, {"\"sim:65\""});
+}
+
+TEST_CASE("simulated GPUs without memory or with a rate that is no rate are refused",
+          "[runtime][options]") {
+  runtime_options o = base();
+  o.cuda = "sim:1";
+  o.simulation.memory_per_device = 0;
+  refused(o, {"runtime_options::simulation.memory_per_device is 0", "at least 1"});
+  o.simulation.memory_per_device = 1 << 20;
+  for (const double bad : {0.0, -1.0, std::nan(""), std::numeric_limits<double>::infinity(), 2e6}) {
+    INFO("rate " << bad);
+    o.simulation.host_to_device_gbps = bad;
+    refused(o, {"simulation.host_to_device_gbps", "more than 0 and at most 1e6"});
+    o.simulation.host_to_device_gbps = 25;
+    o.simulation.device_to_host_gbps = bad;
+    refused(o, {"simulation.device_to_host_gbps"});
+    o.simulation.device_to_host_gbps = 25;
+    o.simulation.device_to_device_gbps = bad;
+    refused(o, {"simulation.device_to_device_gbps"});
+    o.simulation.device_to_device_gbps = 400;
+  }
+  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(o);
+  REQUIRE(rt.ok());
+  CHECK((*rt)->is_simulated({device_kind::cuda, 0}));
+}
+
+TEST_CASE("a topology that contradicts itself is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.topology->rank = 3;
+  refused(o, {"rank 3"});
+}
+
+}  // namespace dlasync

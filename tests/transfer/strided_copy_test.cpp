@@ -1,0 +1,172 @@
+#include "transfer/src/copy/strided_copy.hpp"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "catch2/catch.hpp"
+
+namespace dlasync {
+namespace {
+
+// The obvious element-by-element gather, as the reference.
+std::vector<std::uint8_t> reference(const std::uint8_t* first, const strided_layout& l) {
+  std::int64_t count = 1;
+  for (std::int64_t e : l.shape) count *= e;
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(count) * l.element_size);
+  std::vector<std::int64_t> index(l.shape.size(), 0);
+  for (std::int64_t k = 0; k < count; ++k) {
+    std::int64_t off = 0;
+    for (std::size_t d = 0; d < index.size(); ++d) off += index[d] * l.strides[d];
+    std::memcpy(out.data() + k * static_cast<std::int64_t>(l.element_size),
+                first + off * static_cast<std::int64_t>(l.element_size), l.element_size);
+    for (std::size_t d = index.size(); d-- > 0;) {
+      if (++index[d] < l.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+struct source_buffer {
+  std::vector<std::uint8_t> bytes;
+  const std::uint8_t* first = nullptr;
+};
+
+// A buffer large enough for the layout, and where its first element sits.
+source_buffer make_source(const strided_layout& l) {
+  std::int64_t low = 0;
+  std::int64_t high = 0;
+  for (std::size_t d = 0; d < l.shape.size(); ++d) {
+    if (l.shape[d] == 0) return {};
+    const std::int64_t reach = (l.shape[d] - 1) * l.strides[d];
+    (reach < 0 ? low : high) += reach;
+  }
+  source_buffer s;
+  s.bytes.resize(static_cast<std::size_t>(high - low + 1) * l.element_size);
+  for (std::size_t i = 0; i < s.bytes.size(); ++i)
+    s.bytes[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  s.first = s.bytes.data() - low * static_cast<std::int64_t>(l.element_size);
+  return s;
+}
+
+void check_layout(const strided_layout& l) {
+  const source_buffer src = make_source(l);
+  const std::vector<std::uint8_t> want = reference(src.first, l);
+  strided_copy copy(l);
+  REQUIRE(copy.bytes() == want.size());
+  std::vector<std::uint8_t> got(want.size() + 1, 0xEE);
+  copy.run(src.first, got.data(), 0, copy.units());
+  CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+  CHECK(got.back() == 0xEE);  // nothing written past the end
+
+  // Each unit range lands in its own chunk at dst_offset: a staging copy.
+  const std::int64_t n = copy.units();
+  REQUIRE(copy.dst_offset(0) == 0);
+  REQUIRE(copy.dst_offset(n) == copy.bytes());
+  std::vector<std::uint8_t> chunked(want.size());
+  for (std::int64_t begin = 0; begin < n; begin += 2) {
+    const std::int64_t end = std::min(n, begin + 2);
+    const std::uint64_t from = copy.dst_offset(begin);
+    const std::uint64_t to = copy.dst_offset(end);
+    REQUIRE(from <= to);
+    std::vector<std::uint8_t> chunk(to - from + 1, 0xEE);
+    copy.run(src.first, chunk.data(), begin, end, from);
+    CHECK(chunk.back() == 0xEE);  // the units stay inside their range
+    std::memcpy(chunked.data() + from, chunk.data(), to - from);
+  }
+  CHECK(std::memcmp(chunked.data(), want.data(), want.size()) == 0);
+
+  // Split into uneven ranges, run backwards: the same bytes.
+  std::vector<std::uint8_t> split(want.size() + 1, 0xEE);
+  const std::int64_t units = copy.units();
+  for (std::int64_t end = units; end > 0;) {
+    const std::int64_t begin = std::max<std::int64_t>(0, end - 3);
+    copy.run(src.first, split.data(), begin, end);
+    end = begin;
+  }
+  CHECK(std::memcmp(split.data(), want.data(), want.size()) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("contiguous sources are copied with memcpy runs", "[runtime][copy]") {
+  strided_layout l{4, {3, 1000}, {1000, 1}};
+  strided_copy copy(l);
+  CHECK(copy.which() == strided_copy::kernel::runs);
+  check_layout(l);
+  check_layout({4, {70000}, {1}});  // split into several units
+  CHECK(strided_copy({4, {70000}, {1}}).units() > 1);
+}
+
+TEST_CASE("transposes are copied in cache tiles", "[runtime][copy]") {
+  strided_layout l{4, {100, 70}, {1, 100}};
+  CHECK(strided_copy(l).which() == strided_copy::kernel::tile);
+  check_layout(l);
+  check_layout({8, {3, 50, 40}, {2000, 1, 50}});
+  check_layout({2, {40, 3, 50}, {1, 2000, 40}});
+  // Every element size with a register kernel, with ragged edges.
+  check_layout({1, {33, 47}, {1, 33}});
+  check_layout({2, {35, 29}, {1, 35}});
+  check_layout({4, {37, 26}, {1, 37}});
+  check_layout({8, {19, 23}, {1, 19}});
+  check_layout({16, {9, 17}, {1, 9}});
+  // Dimensions between the tile dimension and the last are inside each unit.
+  strided_layout middle{4, {40, 3, 5, 24}, {1, 40 * 24 * 5, 40 * 24, 40}};
+  CHECK(strided_copy(middle).which() == strided_copy::kernel::tile);
+  check_layout(middle);
+}
+
+TEST_CASE("large ragged copies match the reference", "[runtime][copy]") {
+  // Ragged transposes: whole-line tiles, then the edges.
+  check_layout({4, {1500, 1500}, {1, 1500}});
+  check_layout({2, {2050, 2100}, {1, 2050}});
+  check_layout({8, {1030, 1030}, {1, 1030}});
+  // Runs of 4 KiB at an odd offset, and runs of 4 KiB + 12 bytes.
+  check_layout({4, {2100, 1024}, {2051, 1}});
+  check_layout({1, {2100, 4108}, {5000, 1}});
+}
+
+TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {
+  CHECK(strided_copy({4, {5, 6}, {1, 0}}).which() == strided_copy::kernel::gather);
+  check_layout({4, {5, 6}, {1, 0}});
+  check_layout({4, {5, 6}, {0, 1}});
+  check_layout({1, {300}, {-1}});
+  check_layout({16, {7, 9}, {-9, -1}});
+  check_layout({8, {6, 7}, {14, 2}});
+}
+
+TEST_CASE("contiguous dimensions are merged and extents of 1 dropped", "[runtime][copy]") {
+  strided_layout l{2, {2, 1, 3, 4}, {12, 99, 4, 1}};
+  strided_copy copy(l);
+  CHECK(copy.which() == strided_copy::kernel::runs);
+  CHECK(copy.units() == 1);
+  check_layout(l);
+}
+
+TEST_CASE("empty and single-element layouts", "[runtime][copy]") {
+  strided_copy empty({4, {3, 0, 2}, {0, 1, 1}});
+  CHECK(empty.units() == 0);
+  CHECK(empty.bytes() == 0);
+  empty.run(nullptr, nullptr, 0, 0);
+  check_layout({8, {}, {}});
+  check_layout({8, {1, 1}, {5, 7}});
+}
+
+TEST_CASE("random layouts match the reference for every element size", "[runtime][copy]") {
+  std::mt19937 rng(1234);
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t sizes[] = {1, 2, 4, 8, 16, 3};
+    strided_layout l;
+    l.element_size = sizes[trial % 6];
+    const int ndim = 1 + static_cast<int>(rng() % 4);
+    for (int d = 0; d < ndim; ++d) {
+      l.shape.push_back(1 + static_cast<std::int64_t>(rng() % 9));
+      l.strides.push_back(static_cast<std::int64_t>(rng() % 41) - 12);
+    }
+    INFO("trial " << trial);
+    check_layout(l);
+  }
+}
+
+}  // namespace dlasync

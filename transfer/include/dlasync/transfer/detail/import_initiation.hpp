@@ -1,0 +1,118 @@
+// dlasync/transfer/detail/import_initiation.hpp
+//
+// Plumbing for the initiating functions of dlasync/transfer/import.hpp:
+// validation up front, then an operation whose result reaches an Asio
+// completion handler. The operations themselves are defined in the
+// library (transfer/src/import/). Not for direct use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "asio/associated_cancellation_slot.hpp"
+#include "asio/cancellation_type.hpp"
+#include "dlasync/runtime/detail/deliver.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/transfer/validate.hpp"
+
+namespace dlasync::detail {
+
+using import_result = absl::StatusOr<tensor>;
+using batch_result = std::vector<import_result>;
+
+// What validation decided at the call: a result already (an error, which
+// leaves the caller's handle untouched, or a zero-copy view), or a consumed
+// source with its plan and the transfer path chosen for it.
+struct import_start {
+  std::optional<import_result> ready;
+  managed_tensor source;
+  import_plan plan;
+  std::uint8_t path = 0;  // a transfer_path (transfer/src/copy/transfer_path.hpp)
+};
+
+// Validates `source` against `options` and takes it only when that passes.
+import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options);
+
+// begin_import for each of `sources`.
+std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
+                                      const import_options& options);
+
+// A small host-to-host copy of a started import, done here on the calling
+// thread: it takes less time than the hop to a worker and back
+// (runtime_options::inline_copy_bytes). Nothing when the import does not
+// qualify or cannot start at once (the budget has waiters, memory is
+// short): it then takes the asynchronous path, which waits or reports.
+std::optional<import_result> copy_inline(runtime& rt, import_start& start);
+
+// One asynchronous import (a copy, or a view that waits for its producer's
+// stream); `done` runs exactly once, on a worker, the CUDA reactor or, when
+// the start itself fails, the thread that starts it.
+class import_operation;
+std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
+                                              absl::AnyInvocable<void(import_result) &&> done);
+void start(const std::shared_ptr<import_operation>& op);
+// Stops the import if it has not finished; any thread, any number of times.
+void cancel(import_operation& op);
+
+// A batch: each member started on its own; `done` runs once when all have
+// finished, with one result per member in order.
+class batch_operation;
+std::shared_ptr<batch_operation> make_batch(std::size_t size,
+                                            absl::AnyInvocable<void(batch_result) &&> done);
+void start(const std::shared_ptr<batch_operation>& op, runtime& rt,
+           std::vector<import_start> members);
+void cancel(batch_operation& op);
+
+// Cancels `op` when `slot` (a handler's cancellation slot) is emitted.
+template <typename Slot, typename Op>
+void assign_cancellation(Slot& slot, const std::shared_ptr<Op>& op) {
+  if (!slot.is_connected()) return;
+  slot.assign([weak = std::weak_ptr<Op>(op)](asio::cancellation_type type) {
+    if (type == asio::cancellation_type::none) return;
+    if (std::shared_ptr<Op> locked = weak.lock()) cancel(*locked);
+  });
+}
+
+struct initiate_import {
+  runtime* rt;
+
+  template <typename Handler>
+  void operator()(Handler&& handler, import_start begun) const {
+    if (!begun.ready) begun.ready = copy_inline(*rt, begun);
+    if (begun.ready) {
+      deliver_to<import_result>(std::forward<Handler>(handler), *rt)(std::move(*begun.ready));
+      return;
+    }
+    auto h = std::forward<Handler>(handler);
+    auto slot = asio::get_associated_cancellation_slot(h);
+    std::shared_ptr<import_operation> op =
+        make_import(*rt, std::move(begun), deliver_to<import_result>(std::move(h), *rt));
+    assign_cancellation(slot, op);
+    start(op);
+  }
+};
+
+struct initiate_batch {
+  runtime* rt;
+
+  template <typename Handler>
+  void operator()(Handler&& handler, std::vector<import_start> members) const {
+    auto h = std::forward<Handler>(handler);
+    auto slot = asio::get_associated_cancellation_slot(h);
+    std::shared_ptr<batch_operation> op =
+        make_batch(members.size(), deliver_to<batch_result>(std::move(h), *rt));
+    assign_cancellation(slot, op);
+    start(op, *rt, std::move(members));
+  }
+};
+
+}  // namespace dlasync::detail

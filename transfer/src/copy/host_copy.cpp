@@ -1,0 +1,103 @@
+#include "transfer/src/copy/host_copy.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+
+#include "asio/post.hpp"
+
+namespace dlasync::detail {
+namespace {
+
+// Copies units [begin, end), checking for cancellation about every 256 KiB.
+void run_units(runtime_core& core, const strided_copy& copy, const copy_request& request,
+               std::int64_t begin, std::int64_t end) {
+  const std::uint64_t unit = std::max<std::uint64_t>(copy.unit_bytes(), 1);
+  const std::int64_t step =
+      static_cast<std::int64_t>(std::max<std::uint64_t>(1, (256 << 10) / unit));
+  const std::shared_ptr<copy_control>& control = request.control;
+  const std::function<void()>& observer = core.hooks().copy_unit_observer;
+  for (std::int64_t u = begin; u < end; u += step) {
+    if (control && control->cancel_requested.load(std::memory_order_relaxed)) {
+      control->aborted.store(true, std::memory_order_release);
+      return;
+    }
+    copy.run(request.from, request.to, u, std::min(end, u + step));
+    if (observer) observer();
+  }
+}
+
+// The copy as a host stream task: on this worker, or split among several.
+void run_copy(runtime_core& core, const copy_request& request, host_stream::done_fn done) {
+  const std::shared_ptr<copy_control>& control = request.control;
+  if (control && control->cancel_requested.load(std::memory_order_acquire)) {
+    control->aborted.store(true, std::memory_order_release);
+    return std::move(done)();
+  }
+  auto copy = std::make_shared<const strided_copy>(request.layout);
+  const std::int64_t units = copy->units();
+  const runtime_options& options = core.options();
+  std::int64_t parts = 1;
+  if (copy->bytes() >= options.parallel_copy_bytes && options.worker_threads > 1) {
+    const std::uint64_t part_bytes = std::max<std::uint64_t>(options.parallel_copy_bytes / 2, 1);
+    const auto by_size = static_cast<std::int64_t>(std::min<std::uint64_t>(
+        copy->bytes() / part_bytes, static_cast<std::uint64_t>(options.worker_threads)));
+    parts = std::min<std::int64_t>(units, by_size);
+  }
+  if (parts <= 1) {
+    run_units(core, *copy, request, 0, units);
+    return std::move(done)();
+  }
+
+  // Split the units among `parts` workers; the last one to finish calls done.
+  struct shared_state {
+    std::atomic<std::int64_t> remaining;
+    host_stream::done_fn done;
+  };
+  auto state = std::make_shared<shared_state>();
+  state->remaining = parts;
+  state->done = std::move(done);
+  auto run_part = [&core, copy, request, state, units, parts](std::int64_t p) {
+    run_units(core, *copy, request, units * p / parts, units * (p + 1) / parts);
+    if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::move(state->done)();
+    }
+  };
+  // The other parts go to other workers; this worker takes the first.
+  for (std::int64_t p = 1; p < parts; ++p) {
+    asio::post(core.workers(), [run_part, p] { run_part(p); });
+  }
+  run_part(0);
+}
+
+marker_ptr enqueue(runtime_core& core, stream_ref s, copy_request request) {
+  host_backend& host = core.host();
+  host.stream(s).enqueue([&core, request = std::move(request)](host_stream::done_fn done) mutable {
+    run_copy(core, request, std::move(done));
+  });
+  return host.record(s);
+}
+
+}  // namespace
+
+marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request) {
+  if (request.producer_stream == stream_no_sync) return enqueue(core, s, std::move(request));
+  // Pinned memory written on a CUDA stream: the host copies it once the
+  // stream has reached this point.
+  cuda_backend* cuda = core.cuda();
+  if (cuda == nullptr) {
+    return done_marker(absl::InternalError("a producer stream without the CUDA backend"));
+  }
+  marker_ptr produced = cuda->context().record_producer(request.source, request.producer_stream);
+  auto copied = std::make_shared<completion_marker>();
+  produced->on_complete(
+      [&core, s, request = std::move(request), copied](absl::Status status) mutable {
+        if (!status.ok()) return copied->complete(std::move(status));
+        enqueue(core, s, std::move(request))->on_complete([copied](absl::Status st) {
+          copied->complete(std::move(st));
+        });
+      });
+  return copied;
+}
+
+}  // namespace dlasync::detail

@@ -1,0 +1,353 @@
+#include "transfer/src/copy/strided_copy.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#include <xmmintrin.h>
+#endif
+
+namespace dlasync {
+namespace {
+
+// Runs copy this many bytes a unit, tiles this many rows.
+constexpr std::int64_t run_unit_bytes = 256 * 1024;
+constexpr std::int64_t gather_unit_bytes = 64 * 1024;
+constexpr std::int64_t tile = 32;
+constexpr std::int64_t tile_run_bytes = 512;
+constexpr std::int64_t line_bytes = 64;
+
+template <std::size_t N>
+inline void copy_element(char* dst, const char* src) {
+  std::memcpy(dst, src, N);
+}
+
+// Square blocks of B x B elements of N bytes transposed in registers: from
+// `src` rows `ss` bytes apart to `dst` rows `ds` bytes apart. B is 0 where
+// there is no such kernel; the tile loop then copies element by element.
+template <std::size_t N>
+struct micro_transpose {
+  static constexpr std::int64_t size = 0;
+  static void run(const char*, std::int64_t, char*, std::int64_t) {}
+};
+
+#if defined(__SSE2__)
+template <>
+struct micro_transpose<4> {
+  static constexpr std::int64_t size = 4;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    // Shuffles move bits unchanged, so any 4-byte data travels as floats.
+    __m128 r0 = _mm_loadu_ps(reinterpret_cast<const float*>(s));
+    __m128 r1 = _mm_loadu_ps(reinterpret_cast<const float*>(s + ss));
+    __m128 r2 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 2 * ss));
+    __m128 r3 = _mm_loadu_ps(reinterpret_cast<const float*>(s + 3 * ss));
+    _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+    _mm_storeu_ps(reinterpret_cast<float*>(d), r0);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + ds), r1);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + 2 * ds), r2);
+    _mm_storeu_ps(reinterpret_cast<float*>(d + 3 * ds), r3);
+  }
+};
+
+template <>
+struct micro_transpose<8> {
+  static constexpr std::int64_t size = 2;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + ss));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d), _mm_unpacklo_epi64(r0, r1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + ds), _mm_unpackhi_epi64(r0, r1));
+  }
+};
+
+template <>
+struct micro_transpose<2> {
+  static constexpr std::int64_t size = 8;
+  static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
+    __m128i a[8];
+    for (int i = 0; i < 8; ++i)
+      a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * ss));
+    __m128i b[8];
+    for (int i = 0; i < 4; ++i) {
+      b[2 * i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
+      b[2 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
+    }
+    const __m128i c0 = _mm_unpacklo_epi32(b[0], b[2]);
+    const __m128i c1 = _mm_unpackhi_epi32(b[0], b[2]);
+    const __m128i c2 = _mm_unpacklo_epi32(b[1], b[3]);
+    const __m128i c3 = _mm_unpackhi_epi32(b[1], b[3]);
+    const __m128i c4 = _mm_unpacklo_epi32(b[4], b[6]);
+    const __m128i c5 = _mm_unpackhi_epi32(b[4], b[6]);
+    const __m128i c6 = _mm_unpacklo_epi32(b[5], b[7]);
+    const __m128i c7 = _mm_unpackhi_epi32(b[5], b[7]);
+    const __m128i rows[8] = {_mm_unpacklo_epi64(c0, c4), _mm_unpackhi_epi64(c0, c4),
+                             _mm_unpacklo_epi64(c1, c5), _mm_unpackhi_epi64(c1, c5),
+                             _mm_unpacklo_epi64(c2, c6), _mm_unpackhi_epi64(c2, c6),
+                             _mm_unpacklo_epi64(c3, c7), _mm_unpackhi_epi64(c3, c7)};
+    for (int i = 0; i < 8; ++i) _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i * ds), rows[i]);
+  }
+};
+#endif
+
+// Rows [r0, r1) of the tile dimension (source stride N bytes) against
+// columns [c_begin, cols) of the last dimension (destination stride N
+// bytes), in tile-wide column strips, with register transposes where there
+// are some.
+template <std::size_t N>
+void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
+                    std::int64_t r1, std::int64_t c_begin, std::int64_t cols) {
+  constexpr std::int64_t b = micro_transpose<N>::size;
+  constexpr auto n = static_cast<std::int64_t>(N);
+  auto element = [&](std::int64_t r, std::int64_t c) {
+    copy_element<N>(d + r * d_row + c * n, s + r * n + c * s_col);
+  };
+  for (std::int64_t c0 = c_begin; c0 < cols; c0 += tile) {
+    const std::int64_t c1 = std::min(c0 + tile, cols);
+    std::int64_t r = r0;
+    if constexpr (b > 0) {
+      for (; r + b <= r1; r += b) {
+        std::int64_t c = c0;
+        for (; c + b <= c1; c += b) {
+          micro_transpose<N>::run(s + r * n + c * s_col, s_col, d + r * d_row + c * n, d_row);
+        }
+        for (std::int64_t rr = r; rr < r + b; ++rr) {
+          for (std::int64_t cc = c; cc < c1; ++cc) element(rr, cc);
+        }
+      }
+    }
+    for (; r < r1; ++r) {
+      for (std::int64_t c = c0; c < c1; ++c) element(r, c);
+    }
+  }
+}
+
+// transpose_rect over all columns, by whole cache lines where it can: a
+// square of one line's worth of elements (16 floats) is read line by line
+// from the source, transposed through a buffer in L1, and written line by
+// line to the destination. Reading and writing whole lines at once keeps
+// power-of-two row strides, whose lines compete for the same cache sets,
+// from evicting a line before it is used up.
+template <std::size_t N>
+void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_row, std::int64_t r0,
+                    std::int64_t r1, std::int64_t cols) {
+  constexpr std::int64_t b = micro_transpose<N>::size;
+  if constexpr (b > 0 && N <= 16) {
+    constexpr auto n = static_cast<std::int64_t>(N);
+    constexpr std::int64_t l = line_bytes / n;  // elements per line
+    const std::int64_t r_end = r0 + (r1 - r0) / l * l;
+    const std::int64_t c_end = cols / l * l;
+    alignas(64) char buffer[l * line_bytes];
+    for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
+      for (std::int64_t r = r0; r < r_end; r += l) {
+        for (std::int64_t cc = 0; cc < l; cc += b) {
+          for (std::int64_t rr = 0; rr < l; rr += b) {
+            micro_transpose<N>::run(s + (r + rr) * n + (c0 + cc) * s_col, s_col,
+                                    buffer + rr * line_bytes + cc * n, line_bytes);
+          }
+        }
+        for (std::int64_t rr = 0; rr < l; ++rr) {
+          std::memcpy(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes);
+        }
+      }
+    }
+    // The edges: the last columns of these rows, and the last rows.
+    if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
+    if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
+  } else {
+    transpose_rect<N>(s, s_col, d, d_row, r0, r1, 0, cols);
+  }
+}
+
+}  // namespace
+
+strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_bytes)
+    : element_size_(layout.element_size) {
+  const std::int64_t es = static_cast<std::int64_t>(element_size_);
+  std::uint64_t count = 1;
+  for (std::int64_t e : layout.shape) count *= static_cast<std::uint64_t>(e);
+  bytes_ = count * element_size_;
+  if (count == 0) return;  // kernel none, no units
+
+  // Keep extents above 1, merging a dimension into the next inner one when
+  // the source is contiguous across them (the destination always is).
+  for (std::size_t i = 0; i < layout.shape.size(); ++i) {
+    if (layout.shape[i] == 1) continue;
+    const std::int64_t stride = layout.strides[i] * es;
+    if (!shape_.empty() && src_stride_.back() == stride * layout.shape[i]) {
+      shape_.back() *= layout.shape[i];
+      src_stride_.back() = stride;
+    } else {
+      shape_.push_back(layout.shape[i]);
+      src_stride_.push_back(stride);
+    }
+  }
+  if (shape_.empty()) {  // a single element
+    shape_.push_back(1);
+    src_stride_.push_back(es);
+  }
+  ndim_ = static_cast<int>(shape_.size());
+  dst_stride_.resize(shape_.size());
+  std::int64_t d = es;
+  for (int i = ndim_ - 1; i >= 0; --i) {
+    dst_stride_[i] = d;
+    d *= shape_[i];
+  }
+
+  const int last = ndim_ - 1;
+  if (src_stride_[last] == es) {
+    kernel_ = kernel::runs;
+  } else {
+    // Tiles have kernels for the element sizes of real dtypes.
+    const bool sized = es == 1 || es == 2 || es == 4 || es == 8 || es == 16;
+    for (int i = last - 1; i >= 0 && sized; --i) {
+      if (src_stride_[i] == es && shape_[i] >= 8 && shape_[last] >= 8) {
+        tile_dim_ = i;
+        break;
+      }
+    }
+    kernel_ = tile_dim_ >= 0 ? kernel::tile : kernel::gather;
+  }
+
+  if (kernel_ == kernel::tile) {
+    // Each unit reads tile_run_bytes from every source row it visits, so a
+    // visit to a far-away row (often another page) brings several lines.
+    split_dim_ = tile_dim_;
+    block_ = std::max<std::int64_t>(tile, tile_run_bytes / es);
+  } else {
+    split_dim_ = last;
+    std::int64_t unit = kernel_ == kernel::runs ? run_unit_bytes : gather_unit_bytes;
+    if (max_unit_bytes != 0) unit = std::min(unit, static_cast<std::int64_t>(max_unit_bytes));
+    block_ = std::max<std::int64_t>(1, unit / es);
+  }
+  block_ = std::min(block_, shape_[split_dim_]);
+  blocks_ = (shape_[split_dim_] + block_ - 1) / block_;
+  outer_count_ = 1;
+  for (int i = 0; i < split_dim_; ++i) {
+    outer_dims_.push_back(i);
+    outer_count_ *= shape_[i];
+  }
+  if (kernel_ == kernel::tile) {
+    std::int64_t row_bytes = shape_[last] * es;
+    for (int i = split_dim_ + 1; i < last; ++i) {
+      middle_dims_.push_back(i);
+      row_bytes *= shape_[i];
+    }
+    if (max_unit_bytes != 0) {
+      const auto rows = static_cast<std::int64_t>(max_unit_bytes) / row_bytes;
+      block_ = std::max<std::int64_t>(1, std::min(block_, rows));
+      blocks_ = (shape_[split_dim_] + block_ - 1) / block_;
+    }
+  }
+}
+
+std::uint64_t strided_copy::dst_offset(std::int64_t unit) const noexcept {
+  if (blocks_ == 0) return 0;
+  const std::int64_t row = dst_stride_[split_dim_];
+  const std::int64_t outer = unit / blocks_;
+  const std::int64_t first = std::min((unit % blocks_) * block_, shape_[split_dim_]);
+  return static_cast<std::uint64_t>(outer * shape_[split_dim_] * row + first * row);
+}
+
+std::uint64_t strided_copy::unit_bytes() const noexcept {
+  if (units() == 0) return 0;
+  return bytes_ / static_cast<std::uint64_t>(units());
+}
+
+void strided_copy::run(const void* src, void* dst, std::int64_t begin, std::int64_t end,
+                       std::uint64_t dst_origin) const {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  const auto origin = static_cast<std::int64_t>(dst_origin);
+  switch (element_size_) {
+    case 1: return run_sized<1>(s, d, begin, end, origin);
+    case 2: return run_sized<2>(s, d, begin, end, origin);
+    case 4: return run_sized<4>(s, d, begin, end, origin);
+    case 8: return run_sized<8>(s, d, begin, end, origin);
+    case 16: return run_sized<16>(s, d, begin, end, origin);
+    default: return run_sized<0>(s, d, begin, end, origin);
+  }
+}
+
+template <std::size_t N>
+void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std::int64_t end,
+                             std::int64_t dst_origin) const {
+  if (begin >= end || kernel_ == kernel::none) return;
+  const std::size_t es = N != 0 ? N : element_size_;
+  auto copy_one = [es](char* to, const char* from) {
+    if constexpr (N != 0) {
+      copy_element<N>(to, from);
+      (void)es;
+    } else {
+      std::memcpy(to, from, es);
+    }
+  };
+
+  // Position the outer odometer at unit `begin`.
+  const int outer = static_cast<int>(outer_dims_.size());
+  std::int64_t index[max_ndim] = {};
+  std::int64_t flat = begin / blocks_;
+  std::int64_t block = begin % blocks_;
+  std::int64_t src_off = 0;
+  std::int64_t dst_off = -dst_origin;
+  for (int j = outer - 1; j >= 0; --j) {
+    const int dim = outer_dims_[j];
+    index[j] = flat % shape_[dim];
+    flat /= shape_[dim];
+    src_off += index[j] * src_stride_[dim];
+    dst_off += index[j] * dst_stride_[dim];
+  }
+
+  const int last = ndim_ - 1;
+  const std::int64_t extent = shape_[split_dim_];
+  for (std::int64_t u = begin; u < end; ++u) {
+    const std::int64_t lo = block * block_;
+    const std::int64_t hi = std::min(lo + block_, extent);
+    const char* s = src + src_off;
+    char* d = dst + dst_off;
+    if (kernel_ == kernel::runs) {
+      std::memcpy(d + lo * static_cast<std::int64_t>(es), s + lo * static_cast<std::int64_t>(es),
+                  static_cast<std::size_t>(hi - lo) * es);
+    } else if (kernel_ == kernel::gather) {
+      const std::int64_t ss = src_stride_[last];
+      for (std::int64_t i = lo; i < hi; ++i) {
+        copy_one(d + i * static_cast<std::int64_t>(es), s + i * ss);
+      }
+    } else if constexpr (N != 0) {
+      // One (tile, last) plane for each index of the middle dimensions.
+      const int middle = static_cast<int>(middle_dims_.size());
+      std::int64_t mid[max_ndim] = {};
+      std::int64_t mid_src = 0;
+      std::int64_t mid_dst = 0;
+      while (true) {
+        transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], lo,
+                          hi, shape_[last]);
+        int j = middle - 1;
+        for (; j >= 0; --j) {
+          const int dim = middle_dims_[j];
+          mid_src += src_stride_[dim];
+          mid_dst += dst_stride_[dim];
+          if (++mid[j] < shape_[dim]) break;
+          mid_src -= mid[j] * src_stride_[dim];
+          mid_dst -= mid[j] * dst_stride_[dim];
+          mid[j] = 0;
+        }
+        if (j < 0) break;
+      }
+    }
+    if (++block == blocks_) {
+      block = 0;
+      for (int j = outer - 1; j >= 0; --j) {
+        const int dim = outer_dims_[j];
+        src_off += src_stride_[dim];
+        dst_off += dst_stride_[dim];
+        if (++index[j] < shape_[dim]) break;
+        src_off -= index[j] * src_stride_[dim];
+        dst_off -= index[j] * dst_stride_[dim];
+        index[j] = 0;
+      }
+    }
+  }
+}
+
+}  // namespace dlasync

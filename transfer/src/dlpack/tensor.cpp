@@ -1,0 +1,144 @@
+#include "dlasync/transfer/tensor.hpp"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "transfer/src/dlpack/tensor_factory.hpp"
+#include "transfer/src/validate/layout.hpp"
+
+namespace dlasync {
+namespace {
+
+struct view_state final : detail::tensor_state {
+  managed_tensor source;
+};
+
+struct copy_state final : detail::tensor_state {
+  device_buffer buffer;
+};
+
+void fill_compact_strides(detail::tensor_state& state) {
+  const auto n = static_cast<std::size_t>(state.ndim);
+  detail::row_major_strides({state.dims.data(), n}, {state.dims.data() + n, n});
+}
+
+// An exported managed tensor: the DLPack struct, its own copy of the extents
+// and strides (a consumer may not scribble on ours), and a reference.
+template <typename Managed>
+struct export_holder {
+  Managed managed{};
+  absl::InlinedVector<std::int64_t, 8> dims;
+  std::shared_ptr<const detail::tensor_state> ref;
+
+  static void destroy(Managed* self) noexcept {
+    delete static_cast<export_holder*>(self->manager_ctx);
+  }
+};
+
+template <typename Managed>
+Managed* export_as(const std::shared_ptr<const detail::tensor_state>& state) {
+  auto* holder = new export_holder<Managed>;
+  holder->dims = state->dims;
+  holder->ref = state;
+  DLTensor& dl = holder->managed.dl_tensor;
+  dl.data = state->data;
+  dl.device = to_dl_device(state->device);
+  dl.ndim = state->ndim;
+  dl.dtype = state->type.to_dl();
+  dl.shape = holder->dims.data();
+  dl.strides = holder->dims.data() + state->ndim;
+  dl.byte_offset = state->byte_offset;
+  holder->managed.manager_ctx = holder;
+  holder->managed.deleter = &export_holder<Managed>::destroy;
+  return &holder->managed;
+}
+
+absl::Status empty_error() {
+  return absl::FailedPreconditionError("cannot export an empty dlasync::tensor");
+}
+
+}  // namespace
+
+namespace detail {
+
+tensor tensor_factory::make_view(managed_tensor source, const import_plan& plan) {
+  // Default-initialized: every member has its initializer, and value
+  // initialization would first zero the whole state (a `rep stos` that cost
+  // about a tenth of a fast-path import).
+  auto state = std::make_shared_for_overwrite<view_state>();
+  const DLTensor& dl = *source.dl_tensor();
+  state->device = plan.target;
+  state->type = plan.type;
+  state->ndim = plan.ndim;
+  state->storage = tensor_storage::view;
+  state->read_only = plan.read_only;
+  state->compact = plan.compact;
+  state->flags = plan.flags | (plan.read_only ? flag_read_only : 0);
+  state->data = dl.data;
+  state->byte_offset = dl.byte_offset;
+  state->element_count = plan.element_count;
+  state->byte_size = plan.byte_size;
+  state->dims.resize(2 * static_cast<std::size_t>(plan.ndim));
+  std::int64_t* shape = state->dims.data();
+  std::int64_t* strides = shape + plan.ndim;
+  std::copy_n(dl.shape, plan.ndim, shape);
+  if (dl.strides != nullptr) {
+    std::copy_n(dl.strides, plan.ndim, strides);
+  } else {
+    fill_compact_strides(*state);
+  }
+  state->source = std::move(source);
+  return tensor(std::move(state));
+}
+
+tensor tensor_factory::make_copy(device_buffer buffer, const import_plan& plan,
+                                 std::span<const std::int64_t> shape) {
+  auto state = std::make_shared_for_overwrite<copy_state>();
+  state->device = plan.target;
+  state->type = plan.type;
+  state->ndim = plan.ndim;
+  state->storage = tensor_storage::copy;
+  state->data = buffer.data();
+  state->element_count = plan.element_count;
+  state->byte_size = plan.byte_size;
+  state->dims.resize(2 * static_cast<std::size_t>(plan.ndim));
+  std::copy(shape.begin(), shape.end(), state->dims.begin());
+  fill_compact_strides(*state);
+  state->buffer = std::move(buffer);
+  return tensor(std::move(state));
+}
+
+}  // namespace detail
+
+absl::StatusOr<DLManagedTensorVersioned*> tensor::to_dlpack_versioned() const {
+  if (state_ == nullptr) return empty_error();
+  DLManagedTensorVersioned* out = export_as<DLManagedTensorVersioned>(state_);
+  out->version = DLPackVersion{dlpack_major_version, dlpack_minor_version};
+  out->flags = state_->flags;
+  return out;
+}
+
+absl::StatusOr<DLManagedTensor*> tensor::to_dlpack_legacy() const {
+  if (state_ == nullptr) return empty_error();
+  if (state_->read_only) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot export a read-only ", state_->device.name(),
+        " tensor as legacy DLPack, which has no read-only flag and would hand it on as "
+        "writable; export it versioned (to_dlpack_versioned) or copy it first"));
+  }
+  return export_as<DLManagedTensor>(state_);
+}
+
+absl::StatusOr<tensor> import_view(managed_tensor& source, const import_options& options,
+                                   const device_registry& registry) {
+  absl::StatusOr<import_plan> plan = plan_import(source, options, registry);
+  if (!plan.ok()) return plan.status();
+  if (plan->needs_copy()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a zero-copy view of this tensor is not possible: ", plan->copy_reason_text(),
+                     "; use the asynchronous import, which copies"));
+  }
+  return detail::tensor_factory::make_view(std::move(source), *plan);
+}
+
+}  // namespace dlasync

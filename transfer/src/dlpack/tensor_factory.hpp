@@ -1,0 +1,26 @@
+// How imports make tensors (internal): views of a consumed source, and
+// copies that own a buffer.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "dlasync/runtime/device_buffer.hpp"
+#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/transfer/validate.hpp"
+
+namespace dlasync::detail {
+
+struct tensor_factory {
+  // A view of `source`'s memory as `plan` (from plan_import on `source`)
+  // describes, on `plan.target`. Takes ownership of `source`.
+  static tensor make_view(managed_tensor source, const import_plan& plan);
+
+  // A compact row-major tensor of extents `shape` owning `buffer`, which
+  // holds `plan`'s elements on `plan.target`.
+  static tensor make_copy(device_buffer buffer, const import_plan& plan,
+                          std::span<const std::int64_t> shape);
+};
+
+}  // namespace dlasync::detail

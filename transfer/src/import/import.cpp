@@ -1,0 +1,68 @@
+#include "dlasync/transfer/import.hpp"
+
+#include <optional>
+
+#include "asio/use_awaitable.hpp"
+#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/transfer_path.hpp"
+#include "transfer/src/dlpack/tensor_factory.hpp"
+#include "transfer/src/import/import_operation.hpp"
+
+namespace dlasync {
+namespace detail {
+
+import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
+  runtime_core& core = core_of(rt);
+  import_start start;
+  if (!core.accepting()) {
+    start.ready = shutting_down();
+    return start;
+  }
+  absl::StatusOr<import_plan> plan = plan_import(source, options, core.registry());
+  if (!plan.ok()) {
+    start.ready = plan.status();
+    return start;
+  }
+  const absl::StatusOr<transfer_path> path = choose_path(core, *plan);
+  if (!path.ok()) {
+    start.ready = path.status();
+  } else if (*path == transfer_path::view) {
+    start.ready = tensor_factory::make_view(std::move(source), *plan);
+  } else {
+    start.plan = *plan;
+    start.path = static_cast<std::uint8_t>(*path);
+    start.source = std::move(source);
+  }
+  return start;
+}
+
+std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
+                                      const import_options& options) {
+  std::vector<import_start> members;
+  members.reserve(sources.size());
+  for (managed_tensor& source : sources) members.push_back(begin_import(rt, source, options));
+  return members;
+}
+
+}  // namespace detail
+
+#if defined(ASIO_HAS_CO_AWAIT)
+asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
+                                                      import_options options) {
+  detail::import_start start = detail::begin_import(rt, source, options);
+  if (start.ready) co_return std::move(*start.ready);
+  if (std::optional<detail::import_result> copied = detail::copy_inline(rt, start)) {
+    co_return *std::move(copied);
+  }
+  co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                          void(absl::StatusOr<tensor>)>(
+      detail::initiate_import{&rt}, asio::use_awaitable, std::move(start));
+}
+
+asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
+    runtime& rt, std::span<managed_tensor> sources, import_options options) {
+  co_return co_await async_import_dlpack_batch(rt, sources, options, asio::use_awaitable);
+}
+#endif
+
+}  // namespace dlasync

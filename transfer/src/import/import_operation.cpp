@@ -1,0 +1,183 @@
+#include "transfer/src/import/import_operation.hpp"
+
+#include "transfer/src/dlpack/tensor_factory.hpp"
+#include "transfer/src/validate/layout.hpp"
+
+namespace dlasync::detail {
+
+absl::Status shutting_down() {
+  return absl::UnavailableError(
+      "the dlasync runtime is shutting down and accepts no new imports; the tensor was not "
+      "consumed: import it on another runtime");
+}
+
+absl::Status shut_down_before_copy() {
+  return absl::UnavailableError(
+      "the dlasync runtime began shutting down before the copy started; the source tensor was "
+      "released: import it on another runtime");
+}
+
+std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
+                                              absl::AnyInvocable<void(import_result) &&> done) {
+  return std::make_shared<import_operation>(core_of(rt), std::move(started), std::move(done));
+}
+
+void start(const std::shared_ptr<import_operation>& op) {
+  op->start();
+}
+
+void cancel(import_operation& op) {
+  op.cancel();
+}
+
+import_operation::import_operation(runtime_core& core, import_start started, done_fn done)
+    : core_(core),
+      source_(std::move(started.source)),
+      plan_(started.plan),
+      path_(static_cast<transfer_path>(started.path)),
+      done_(std::move(done)),
+      control_(std::make_shared<copy_control>()) {
+  const DLTensor& dl = *source_.dl_tensor();
+  shape_.assign(dl.shape, dl.shape + dl.ndim);
+}
+
+void import_operation::start() {
+  std::weak_ptr<import_operation> weak = weak_from_this();
+  op_id_ = core_.begin_operation([weak] {
+    if (std::shared_ptr<import_operation> self = weak.lock()) self->cancel();
+  });
+  if (op_id_ == 0) return finish(shut_down_before_copy());
+  if (path_ == transfer_path::view_after_producer) return wait_for_producer();
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = true;
+  }
+  const std::uint64_t ticket = core_.budget()->acquire(
+      plan_.byte_size, [self = shared_from_this()](absl::Status s) { self->on_budget(s); });
+  {
+    std::lock_guard lock(mutex_);
+    if (!waiting_for_budget_) return;
+    ticket_ = ticket;
+  }
+  // A cancel that came before the ticket was known could not end the wait.
+  if (control_->cancel_requested.load(std::memory_order_acquire)) cancel();
+}
+
+void import_operation::cancel() {
+  control_->cancel_requested.store(true, std::memory_order_release);
+  std::uint64_t ticket = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (waiting_for_budget_) ticket = ticket_;
+  }
+  if (ticket != 0) {
+    core_.budget()->cancel(
+        ticket, absl::CancelledError("the import was cancelled while it waited for copy memory "
+                                     "budget; the source tensor was released"));
+  }
+}
+
+void import_operation::wait_for_producer() {
+  // A view of GPU (or pinned) memory still being written: hand it out when
+  // the producer's stream has reached this point. Validation asks for the
+  // CUDA backend whenever a producer stream is given.
+  cuda_context& cuda = core_.cuda()->context();
+  const marker_ptr produced = cuda.record_producer(plan_.source, plan_.producer_stream);
+  // A marker already done has nothing to order, and may carry an error
+  // (a producer stream that could not be followed): report it instead.
+  if (plan_.consumer_stream != stream_no_sync && !produced->done() &&
+      cuda.order_consumer(plan_.target, plan_.consumer_stream, produced).ok()) {
+    // The caller's stream follows the producer on the device: no wait here.
+    return finish(tensor_factory::make_view(std::move(source_), plan_));
+  }
+  produced->on_complete([self = shared_from_this()](absl::Status s) {
+    if (!s.ok()) return self->finish(std::move(s));
+    if (self->control_->cancel_requested.load(std::memory_order_acquire)) {
+      return self->finish(absl::CancelledError(
+          "the import was cancelled while it waited for the producer's stream; the "
+          "source tensor was released"));
+    }
+    self->finish(tensor_factory::make_view(std::move(self->source_), self->plan_));
+  });
+}
+
+void import_operation::on_budget(absl::Status status) {
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = false;
+  }
+  if (!status.ok()) return finish(std::move(status));
+  const std::uint64_t bytes = plan_.byte_size;
+  std::shared_ptr<memory_budget> budget = core_.budget();
+  if (control_->cancel_requested.load(std::memory_order_acquire)) {
+    budget->release(bytes);
+    return finish(absl::CancelledError(
+        "the import was cancelled before its copy started; the source tensor was released"));
+  }
+  const stream_ref stream = core_.next_stream(stream_device(path_, plan_));
+  absl::StatusOr<device_buffer> allocated =
+      core_.backend_for(plan_.target.kind)->allocate(plan_.target, bytes, plan_.alignment, stream);
+  if (!allocated.ok()) {
+    budget->release(bytes);
+    return finish(allocated.status());
+  }
+  // The copy's memory counts against the budget until the tensor lets go.
+  void* data = allocated->data();
+  buffer_ = device_buffer(plan_.target, data, bytes,
+                          [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
+                            memory.reset();
+                            budget->release(n);
+                          });
+
+  copy_request request;
+  request.path = path_;
+  request.source = plan_.source;
+  request.target = plan_.target;
+  request.from = reinterpret_cast<const void*>(plan_.address);
+  request.to = data;
+  request.layout = source_layout(*source_.dl_tensor(), plan_);
+  request.bytes = bytes;
+  request.compact = plan_.compact;
+  request.producer_stream = plan_.producer_stream;
+  request.control = control_;
+  const marker_ptr copied = start_copy(core_, stream, std::move(request));
+  // A copy that failed as it was enqueued completes its marker at once:
+  // it must not resume the caller early as if it had been enqueued.
+  if (plan_.consumer_stream != stream_no_sync && !copied->done() &&
+      core_.cuda()->context().order_consumer(plan_.target, plan_.consumer_stream, copied).ok()) {
+    // The caller's stream follows the copy on the device: resume now, and
+    // release the source when the copy has read it.
+    std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
+    copied->on_complete([self = shared_from_this()](absl::Status) {
+      self->source_.reset();
+      self->core_.end_operation(self->op_id_);
+    });
+    return;
+  }
+  copied->on_complete(
+      [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+}
+
+void import_operation::on_copied(absl::Status status) {
+  // Nothing reads the source any more.
+  source_.reset();
+  if (control_->aborted.load(std::memory_order_acquire)) {
+    buffer_.reset();
+    return finish(absl::CancelledError(
+        "the import was cancelled during its copy; the partial copy was freed and the source "
+        "tensor released"));
+  }
+  if (!status.ok()) {
+    buffer_.reset();
+    return finish(std::move(status));
+  }
+  finish(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
+}
+
+void import_operation::finish(import_result result) {
+  source_.reset();
+  std::move(done_)(std::move(result));
+  if (op_id_ != 0) core_.end_operation(op_id_);
+}
+
+}  // namespace dlasync::detail

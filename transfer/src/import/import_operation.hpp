@@ -1,0 +1,64 @@
+// One asynchronous import (internal): a consumed source on its transfer
+// path. A copy takes copy budget, allocates its destination on a stream of
+// the device that carries it, runs the path (transfer/src/copy/), releases
+// the source once the copy has read it, and delivers the tensor. A view
+// that must follow its producer's stream is handed out once the stream has
+// reached the import, or at once when the caller's stream can wait for it
+// on the device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/functional/any_invocable.h"
+#include "dlasync/runtime/device_buffer.hpp"
+#include "dlasync/transfer/detail/import_initiation.hpp"
+#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/transfer_path.hpp"
+
+namespace dlasync::detail {
+
+class import_operation : public std::enable_shared_from_this<import_operation> {
+ public:
+  using done_fn = absl::AnyInvocable<void(import_result) &&>;
+
+  import_operation(runtime_core& core, import_start started, done_fn done);
+
+  // Starts the work; `done` then runs exactly once, on a worker, the CUDA
+  // reactor, or, when the start itself fails, on this thread.
+  void start();
+
+  // Stops the import if it has not finished; any thread, any number of times.
+  void cancel();
+
+ private:
+  void wait_for_producer();
+  void on_budget(absl::Status status);
+  void on_copied(absl::Status status);
+  void finish(import_result result);
+
+  runtime_core& core_;
+  managed_tensor source_;
+  import_plan plan_;
+  transfer_path path_;
+  done_fn done_;
+  absl::InlinedVector<std::int64_t, 8> shape_;
+  std::shared_ptr<copy_control> control_;
+  std::mutex mutex_;
+  std::uint64_t ticket_ = 0;
+  bool waiting_for_budget_ = false;
+  std::uint64_t op_id_ = 0;
+  device_buffer buffer_;
+};
+
+// The Unavailable of an import that began after shutdown started; the
+// tensor is not consumed.
+absl::Status shutting_down();
+
+// The Unavailable of an import whose runtime began shutting down after the
+// tensor was consumed.
+absl::Status shut_down_before_copy();
+
+}  // namespace dlasync::detail

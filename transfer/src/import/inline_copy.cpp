@@ -1,0 +1,52 @@
+// Small host copies done on the calling thread (detail::copy_inline).
+#include "absl/container/inlined_vector.h"
+#include "dlasync/transfer/detail/import_initiation.hpp"
+#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/transfer_path.hpp"
+#include "transfer/src/dlpack/tensor_factory.hpp"
+#include "transfer/src/import/import_operation.hpp"
+#include "transfer/src/validate/layout.hpp"
+
+namespace dlasync::detail {
+
+std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
+  runtime_core& core = core_of(rt);
+  const import_plan& plan = start.plan;
+  if (static_cast<transfer_path>(start.path) != transfer_path::host_to_host ||
+      plan.byte_size > core.options().inline_copy_bytes || plan.producer_stream != stream_no_sync) {
+    return std::nullopt;
+  }
+  const std::shared_ptr<memory_budget>& budget = core.budget();
+  const std::uint64_t bytes = plan.byte_size;
+  if (!budget->try_acquire(bytes)) return std::nullopt;
+  // Registered, so that a shutdown on another thread waits for the copy.
+  const std::uint64_t op = core.begin_operation([] {});
+  if (op == 0) {
+    budget->release(bytes);
+    return import_result(shut_down_before_copy());
+  }
+  absl::StatusOr<device_buffer> allocated =
+      core.host().allocate(plan.target, bytes, plan.alignment, {plan.target, 0});
+  if (!allocated.ok()) {
+    budget->release(bytes);
+    core.end_operation(op);
+    return std::nullopt;
+  }
+  const DLTensor& dl = *start.source.dl_tensor();
+  const strided_copy copy(source_layout(dl, plan));
+  copy.run(reinterpret_cast<const void*>(plan.address), allocated->data(), 0, copy.units());
+  const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
+  void* data = allocated->data();
+  device_buffer buffer(plan.target, data, bytes,
+                       [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
+                         memory.reset();
+                         budget->release(n);
+                       });
+  // Nothing reads the source any more.
+  managed_tensor consumed = std::move(start.source);
+  consumed.reset();
+  core.end_operation(op);
+  return tensor_factory::make_copy(std::move(buffer), plan, shape);
+}
+
+}  // namespace dlasync::detail
