@@ -127,7 +127,7 @@ absl::Status device_registry::check_device(device d, const char* role) const {
   const served_devices* served = find(d.kind);
   if (served == nullptr) {
     std::string note;
-    if (d.kind == device_kind::cuda || d.kind == device_kind::cuda_managed) {
+    if (is_gpu_memory(d.kind)) {
       note = absl::StrCat(" (", cuda_support_note(), ")");
     }
     return absl::UnimplementedError(absl::StrCat(role, " device ", d.name(),

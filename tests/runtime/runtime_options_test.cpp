@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "catch2/catch.hpp"
 #include "dlasync/runtime/runtime.hpp"
@@ -30,69 +33,62 @@ bool accepted(const runtime_options& o) {
   return detail::check_options(o).ok();
 }
 
+// `field` (named `name`) is refused just outside [low, high], naming itself,
+// the value and `range`, and accepted at both ends. `cuda` is the mode the
+// runtime is asked for.
+template <typename T>
+void check_range(T runtime_options::*field, const char* name, T low, T high, const char* range,
+                 const char* cuda = "off") {
+  runtime_options o = base();
+  o.cuda = cuda;
+  if (low > std::numeric_limits<T>::min()) {
+    o.*field = low - 1;
+    const std::string seen = absl::StrCat("runtime_options::", name, " is ", low - 1);
+    refused(o, {seen.c_str(), range});
+  }
+  if (high < std::numeric_limits<T>::max()) {
+    o.*field = high + 1;
+    const std::string seen = absl::StrCat("runtime_options::", name, " is ", high + 1);
+    refused(o, {seen.c_str(), range});
+  }
+  o.*field = low;
+  CHECK(accepted(o));
+  o.*field = high;
+  CHECK(accepted(o));
+}
+
 constexpr std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
 
 }  // namespace
 
 TEST_CASE("executor_threads outside [1, 1024] is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.executor_threads = 0;
-  refused(o, {"runtime_options::executor_threads is 0", "[1, 1024]"});
-  o.executor_threads = 1025;
-  refused(o, {"executor_threads is 1025"});
-  o.executor_threads = 1024;
-  CHECK(accepted(o));
+  check_range(&runtime_options::executor_threads, "executor_threads", 1, 1024, "[1, 1024]");
 }
 
 TEST_CASE("worker_threads outside [0, 1024] is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.worker_threads = -1;
-  refused(o, {"runtime_options::worker_threads is -1", "[0, 1024]", "one per hardware thread"});
-  o.worker_threads = 1025;
-  refused(o, {"worker_threads is 1025"});
-  o.worker_threads = 0;
-  CHECK(accepted(o));
+  check_range(&runtime_options::worker_threads, "worker_threads", 0, 1024,
+              "one per hardware thread");
 }
 
 TEST_CASE("host_devices outside [0, 1024] is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.host_devices = -2;
-  refused(o, {"runtime_options::host_devices is -2", "[0, 1024]"});
-  o.host_devices = 1025;
-  refused(o, {"host_devices is 1025"});
+  check_range(&runtime_options::host_devices, "host_devices", 0, 1024, "the topology's count");
 }
 
 TEST_CASE("streams_per_device outside [1, 64] is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.streams_per_device = 0;
-  refused(o, {"runtime_options::streams_per_device is 0", "[1, 64]"});
-  o.streams_per_device = 65;
-  refused(o, {"streams_per_device is 65"});
-  o.streams_per_device = 64;
-  CHECK(accepted(o));
+  check_range(&runtime_options::streams_per_device, "streams_per_device", 1, 64, "[1, 64]");
 }
 
 TEST_CASE("parallel_copy_bytes below 4096 is refused", "[runtime][options]") {
+  check_range(&runtime_options::parallel_copy_bytes, "parallel_copy_bytes", std::uint64_t{4096},
+              most, "at least 4096");
   runtime_options o = base();
   o.parallel_copy_bytes = 0;
-  refused(o, {"runtime_options::parallel_copy_bytes is 0", "at least 4096"});
-  o.parallel_copy_bytes = 4095;
-  refused(o, {"parallel_copy_bytes is 4095"});
-  o.parallel_copy_bytes = 4096;
-  CHECK(accepted(o));
-  o.parallel_copy_bytes = most;
-  CHECK(accepted(o));
+  refused(o, {"runtime_options::parallel_copy_bytes is 0"});
 }
 
 TEST_CASE("inline_copy_bytes above 64 MiB is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.inline_copy_bytes = (64 << 20) + 1;
-  refused(o, {"runtime_options::inline_copy_bytes is 67108865", "[0, 67108864]",
-              "hold the caller's thread"});
-  o.inline_copy_bytes = 0;
-  CHECK(accepted(o));
-  o.inline_copy_bytes = 64 << 20;
-  CHECK(accepted(o));
+  check_range(&runtime_options::inline_copy_bytes, "inline_copy_bytes", std::uint64_t{0},
+              std::uint64_t{64} << 20, "hold the caller's thread");
 }
 
 TEST_CASE("the copy budget and the host cache take every value", "[runtime][options]") {
@@ -110,40 +106,24 @@ TEST_CASE("the copy budget and the host cache take every value", "[runtime][opti
 }
 
 TEST_CASE("staging_chunk_bytes outside [4096, 1 GiB] is refused", "[runtime][options]") {
+  check_range(&runtime_options::staging_chunk_bytes, "staging_chunk_bytes", std::uint64_t{4096},
+              std::uint64_t{1} << 30, "[4096, 1073741824]", "sim:1");
   runtime_options o = base();
   o.cuda = "sim:1";
-  o.staging_chunk_bytes = 0;
-  refused(o, {"runtime_options::staging_chunk_bytes is 0", "[4096, 1073741824]"});
-  o.staging_chunk_bytes = 4095;
-  refused(o, {"staging_chunk_bytes is 4095"});
-  o.staging_chunk_bytes = (std::uint64_t{1} << 30) + 1;
-  refused(o, {"staging_chunk_bytes is 1073741825"});
-  o.staging_chunk_bytes = 4096;
-  CHECK(accepted(o));
+  o.staging_chunk_bytes = 0;  // once looped forever on a download
+  refused(o, {"runtime_options::staging_chunk_bytes is 0"});
 }
 
 TEST_CASE("staging_chunks outside [1, 1024] is refused", "[runtime][options]") {
+  check_range(&runtime_options::staging_chunks, "staging_chunks", 1, 1024, "[1, 1024]", "sim:1");
   runtime_options o = base();
   o.cuda = "sim:1";
-  o.staging_chunks = -1;
-  refused(o, {"runtime_options::staging_chunks is -1", "[1, 1024]"});
-  o.staging_chunks = 0;
-  refused(o, {"staging_chunks is 0"});
-  o.staging_chunks = 1025;
-  refused(o, {"staging_chunks is 1025"});
-  o.staging_chunks = 1;
-  CHECK(accepted(o));
+  o.staging_chunks = -1;  // once hung the import and shutdown
+  refused(o, {"runtime_options::staging_chunks is -1"});
 }
 
 TEST_CASE("staging_streams outside [1, 64] is refused", "[runtime][options]") {
-  runtime_options o = base();
-  o.cuda = "sim:1";
-  o.staging_streams = 0;
-  refused(o, {"runtime_options::staging_streams is 0", "[1, 64]"});
-  o.staging_streams = 65;
-  refused(o, {"staging_streams is 65"});
-  o.staging_streams = 1;
-  CHECK(accepted(o));
+  check_range(&runtime_options::staging_streams, "staging_streams", 1, 64, "[1, 64]", "sim:1");
 }
 
 TEST_CASE("a CUDA mode that names nothing is refused", "[runtime][options]") {
