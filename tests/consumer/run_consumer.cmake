@@ -1,5 +1,11 @@
-# Installs the build in BUILD_DIR to a scratch prefix, then builds and runs
-# the consumer project in SOURCE_DIR against it.
+# Installs the build in BUILD_DIR to a scratch prefix, then checks the
+# package as a user gets it:
+#   - the installed headers are exactly those of HEADER_LIST (no backend or
+#     CUDA seam, no simulation, no status macros), and each compiles on its
+#     own against the installed package alone;
+#   - the consumer project in SOURCE_DIR builds and runs;
+#   - the examples (EXAMPLES_DIR) and benchmarks (BENCH_DIR) build against
+#     the package, on the public API only.
 set(prefix ${WORK_DIR}/prefix)
 file(REMOVE_RECURSE ${WORK_DIR})
 function(run)
@@ -8,13 +14,31 @@ function(run)
     message(FATAL_ERROR "failed (${rc}): ${ARGN}")
   endif()
 endfunction()
-# The consumer is built with the configuration the package was built with.
+# Everything is built with the configuration the package was built with.
 set(config_args)
 if(BUILD_TYPE)
   set(config_args --config ${BUILD_TYPE})
 endif()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} ${config_args})
-run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G ${GENERATOR}
-    -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+
+file(GLOB_RECURSE installed RELATIVE ${prefix}/include ${prefix}/include/dlasync/*)
+list(SORT installed)
+file(STRINGS ${HEADER_LIST} expected)
+if(NOT installed STREQUAL expected)
+  string(REPLACE ";" "\n  " got "${installed}")
+  string(REPLACE ";" "\n  " want "${expected}")
+  message(FATAL_ERROR "the installed headers are\n  ${got}\nbut the public API is\n  ${want}")
+endif()
+
+set(configure_args -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+if(CXX_COMPILER)
+  list(APPEND configure_args -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
+endif()
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build ${configure_args})
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+foreach(project examples bench)
+  string(TOUPPER ${project} var)
+  run(${CMAKE_COMMAND} -S ${${var}_DIR} -B ${WORK_DIR}/${project} ${configure_args})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/${project})
+endforeach()
