@@ -41,7 +41,7 @@ sim_api::~sim_api() {
   }
   streams.clear();
   default_streams_.clear();
-  for (auto& [address, a] : memory_) std::free(reinterpret_cast<void*>(address));
+  for (auto& [address, a] : memory_) std::free(as_pointer(address));
   for (auto& blocks : reusable_) {
     for (auto& [size, pointer] : blocks) std::free(pointer);
   }

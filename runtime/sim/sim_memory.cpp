@@ -18,9 +18,9 @@ pointer_attributes sim_api::locate(const void* pointer) const {
 }
 
 void sim_api::run_copy(int device, int direction, std::size_t bytes, double gbps) {
-  engine* e =
-      direction < 2 ? engines_[static_cast<std::size_t>(device * 2 + direction)].get() : nullptr;
-  if (direction < 2 && e == nullptr) e = engines_[static_cast<std::size_t>(device * 2)].get();
+  const auto slot = static_cast<std::size_t>(device) * 2;
+  engine* e = direction < 2 ? engines_[slot + static_cast<std::size_t>(direction)].get() : nullptr;
+  if (direction < 2 && e == nullptr) e = engines_[slot].get();
   const std::chrono::duration<double> seconds(static_cast<double>(bytes) / (gbps * 1e9));
   const auto length = std::chrono::duration_cast<std::chrono::steady_clock::duration>(seconds);
   const bool sleeps = seconds.count() * 1e6 >= options_.min_sleep_us;
@@ -85,7 +85,7 @@ error sim_api::allocate(void** pointer, std::size_t bytes, memory_type type) {
 }
 
 void sim_api::release_locked(std::map<std::uintptr_t, allocation>::iterator it) {
-  void* pointer = reinterpret_cast<void*>(it->first);
+  void* pointer = as_pointer(it->first);
   const allocation a = it->second;
   device_used_[static_cast<std::size_t>(a.device)] -= a.bytes;
   memory_.erase(it);

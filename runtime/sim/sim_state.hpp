@@ -20,6 +20,13 @@ namespace dlasync::cuda {
 // thread, as in cudart, and shared by every simulated runtime.
 inline thread_local int sim_current_device = 0;
 
+// The allocation at `address`, a key of the memory map: the map is ordered
+// by address, so that a pointer into an allocation finds it.
+inline void* as_pointer(std::uintptr_t address) noexcept {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): an allocation's own address
+  return reinterpret_cast<void*>(address);
+}
+
 // An in-order queue with its own thread.
 struct sim_api::stream {
   int device = 0;

@@ -20,7 +20,7 @@ void completion_marker::on_complete(callback fn) {
   std::move(fn)(std::move(status));
 }
 
-void completion_marker::complete(absl::Status status) {
+void completion_marker::complete(const absl::Status& status) {
   std::vector<callback> callbacks;
   {
     std::lock_guard lock(mutex_);
@@ -32,9 +32,9 @@ void completion_marker::complete(absl::Status status) {
   for (callback& fn : callbacks) std::move(fn)(status);
 }
 
-marker_ptr done_marker(absl::Status status) {
+marker_ptr done_marker(const absl::Status& status) {
   auto m = std::make_shared<completion_marker>();
-  m->complete(std::move(status));
+  m->complete(status);
   return m;
 }
 

@@ -27,7 +27,7 @@ class completion_marker {
 
   // Marks the marker done with `status` and runs the callbacks; only the
   // first call counts.
-  void complete(absl::Status status);
+  void complete(const absl::Status& status);
 
  private:
   mutable std::mutex mutex_;
@@ -39,7 +39,7 @@ class completion_marker {
 using marker_ptr = std::shared_ptr<completion_marker>;
 
 // A marker completed already with `status`.
-marker_ptr done_marker(absl::Status status);
+marker_ptr done_marker(const absl::Status& status);
 
 // The status of a marker that completed as it was made (nothing was
 // recorded, or recording failed), else OK.

@@ -37,7 +37,7 @@ runtime_core::runtime_core(runtime_options options, runtime_hooks hooks)
       workers_(static_cast<std::size_t>(options_.worker_threads)) {}
 
 absl::StatusOr<std::unique_ptr<runtime_core>> runtime_core::create(runtime_options options,
-                                                                   process_topology topology,
+                                                                   const process_topology& topology,
                                                                    runtime_hooks hooks) {
   std::unique_ptr<runtime_core> core(new runtime_core(std::move(options), std::move(hooks)));
   DLASYNC_RETURN_IF_ERROR(core->start(topology));
@@ -68,9 +68,9 @@ absl::Status runtime_core::start(const process_topology& topology) {
   }
   DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));
   registry_.emplace(std::move(registry));
-  const int gpus = cuda_ ? cuda_->device_count() : 0;
+  const auto gpus = static_cast<std::size_t>(cuda_ ? cuda_->device_count() : 0);
   next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(
-      static_cast<std::size_t>(options_.host_devices + 1 + gpus));
+      static_cast<std::size_t>(options_.host_devices) + 1 + gpus);
   work_.emplace(io_.get_executor());
   for (int i = 0; i < options_.executor_threads; ++i) {
     executor_threads_.emplace_back([this] { io_.run(); });
@@ -105,7 +105,7 @@ std::uint64_t runtime_core::begin_operation(std::function<void()> cancel) {
   std::lock_guard lock(ops_mutex_);
   if (!accepting_.load(std::memory_order_acquire)) return 0;
   const std::uint64_t id = next_op_++;
-  ops_.emplace(id, std::move(cancel));
+  ops_[id] = std::move(cancel);
   return id;
 }
 

@@ -46,7 +46,7 @@ class runtime_core {
   // `options` must have passed check_options; the topology, worker count,
   // host devices and CUDA mode resolved.
   static absl::StatusOr<std::unique_ptr<runtime_core>> create(runtime_options options,
-                                                              process_topology topology,
+                                                              const process_topology& topology,
                                                               runtime_hooks hooks);
   runtime_core(const runtime_core&) = delete;
   runtime_core& operator=(const runtime_core&) = delete;

@@ -15,6 +15,10 @@
     }                                                                                  \
   } while (false)
 
+// The arguments below are a declaration and a name, which parentheses would
+// break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
+
 // Evaluates `rexpr` (an absl::StatusOr<T>) and returns its status from the
 // enclosing function when it is not OK; else moves its value into `lhs`, a
 // declaration (`auto x`) or an lvalue.
@@ -29,3 +33,4 @@
 
 #define DLASYNC_STATUS_CONCAT(a, b) DLASYNC_STATUS_CONCAT_IMPL(a, b)
 #define DLASYNC_STATUS_CONCAT_IMPL(a, b) a##b
+// NOLINTEND(bugprone-macro-parentheses)

@@ -34,6 +34,13 @@ namespace dlasync::cuda {
 using stream_t = void*;
 using event_t = void*;
 
+// The stream handle of a DLPack stream value (1, 2, or a cudaStream_t as an
+// integer): DLPack passes streams as integers.
+inline stream_t stream_from_dlpack(std::int64_t value) noexcept {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): DLPack's encoding
+  return reinterpret_cast<stream_t>(value);
+}
+
 // cudaError_t values dlasync distinguishes; others pass through as numbers.
 enum class error : int {
   success = 0,

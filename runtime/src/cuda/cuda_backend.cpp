@@ -49,10 +49,11 @@ absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t byt
     DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocAsync", d.ordinal,
                                  context_->api().malloc_async(&base, bytes + pad, stream));
   }
-  auto address = reinterpret_cast<std::uintptr_t>(base);
-  if (pad != 0) address = (address + alignment - 1) / alignment * alignment;
+  // The first aligned byte of the block: an offset into it, not a cast.
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  const std::uint64_t skip = pad == 0 ? 0 : (alignment - address % alignment) % alignment;
   return device_buffer(
-      d, reinterpret_cast<void*>(address), bytes,
+      d, static_cast<char*>(base) + skip, bytes,
       [context = context_, base, stream, ordinal = d.ordinal](void*, std::uint64_t) {
         (void)context->release_memory(ordinal, base, stream);
       });

@@ -78,12 +78,12 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s) {
     std::lock_guard lock(live_mutex_);
     live_[marker.get()] = {device, *e};
   }
-  reactor_->watch(device, *e, [this, marker](absl::Status st) {
+  reactor_->watch(device, *e, [this, marker](const absl::Status& st) {
     {
       std::lock_guard lock(live_mutex_);
       live_.erase(marker.get());
     }
-    marker->complete(std::move(st));
+    marker->complete(st);
   });
   return marker;
 }
@@ -126,7 +126,7 @@ absl::Status cuda_context::order_after(int device, cuda::stream_t waiter,
   return absl::OkStatus();
 }
 
-void cuda_context::drain(std::vector<device_stream> streams, std::function<void()> done) {
+void cuda_context::drain(const std::vector<device_stream>& streams, std::function<void()> done) {
   if (streams.empty()) return done();
   struct state {
     std::atomic<std::size_t> left;
@@ -141,7 +141,7 @@ void cuda_context::drain(std::vector<device_stream> streams, std::function<void(
       m = record(entry.first, entry.second);
       if (failed_at_once(m).ok()) break;
     }
-    m->on_complete([shared](absl::Status) {
+    m->on_complete([shared](const absl::Status&) {
       if (shared->left.fetch_sub(1) == 1) shared->done();
     });
   }
@@ -166,14 +166,14 @@ absl::Status cuda_context::release_memory(int device, void* p, cuda::stream_t s)
 
 marker_ptr cuda_context::record_producer(device d, std::int64_t producer_stream) {
   if (producer_stream == stream_no_sync) return done_marker(absl::OkStatus());
-  return record(d.ordinal, reinterpret_cast<cuda::stream_t>(producer_stream));
+  return record(d.ordinal, cuda::stream_from_dlpack(producer_stream));
 }
 
 absl::Status cuda_context::order_consumer(device d, std::int64_t consumer_stream,
                                           const marker_ptr& m) {
   if (m->done()) return absl::OkStatus();
   absl::Status status;
-  if (wait_for(d.ordinal, reinterpret_cast<cuda::stream_t>(consumer_stream), m.get(), status)) {
+  if (wait_for(d.ordinal, cuda::stream_from_dlpack(consumer_stream), m.get(), status)) {
     return status;
   }
   if (m->done()) return absl::OkStatus();

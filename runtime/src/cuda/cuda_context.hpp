@@ -80,7 +80,7 @@ class cuda_context {
   // release memory, staging chunks or the source: work enqueued before the
   // error may still read or write them. A marker that cannot be recorded is
   // retried; when recording keeps failing the context is taken for failed.
-  void drain(std::vector<device_stream> streams, std::function<void()> done);
+  void drain(const std::vector<device_stream>& streams, std::function<void()> done);
 
   // Frees stream-ordered device memory on `s`. Memory whose free fails (a
   // failed call or context) is freed again at teardown instead of lost.

@@ -23,9 +23,10 @@ std::vector<served_devices> host_backend::served() const {
 }
 
 host_stream& host_backend::stream(stream_ref s) {
-  const int ordinal = s.device.kind == device_kind::cpu ? s.device.ordinal : 0;
-  return *streams_[static_cast<std::size_t>(ordinal * options_.streams_per_device +
-                                            s.index % options_.streams_per_device)];
+  const auto per_device = static_cast<std::size_t>(options_.streams_per_device);
+  const auto ordinal =
+      static_cast<std::size_t>(s.device.kind == device_kind::cpu ? s.device.ordinal : 0);
+  return *streams_[ordinal * per_device + static_cast<std::size_t>(s.index) % per_device];
 }
 
 absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t bytes,

@@ -13,7 +13,7 @@ host_block_cache::~host_block_cache() {
 std::uint64_t host_block_cache::size_class(std::uint64_t bytes) {
   if (bytes <= 4096) return 4096;
   // Four steps per power of two: 1, 1.25, 1.5, 1.75 times it.
-  const int top = std::bit_width(bytes - 1) - 1;
+  const int top = static_cast<int>(std::bit_width(bytes - 1)) - 1;
   const std::uint64_t step = std::uint64_t{1} << (top - 2);
   return (bytes + step - 1) / step * step;
 }

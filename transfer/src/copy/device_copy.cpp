@@ -17,7 +17,7 @@ namespace {
 absl::Status follow_producer(cuda_context& ctx, const copy_request& r, int device,
                              cuda::stream_t stream) {
   if (r.producer_stream == stream_no_sync) return absl::OkStatus();
-  const auto producer = reinterpret_cast<cuda::stream_t>(r.producer_stream);
+  const cuda::stream_t producer = cuda::stream_from_dlpack(r.producer_stream);
   const int producer_device = is_gpu_memory(r.source.kind) ? r.source.ordinal : device;
   return ctx.order_after(producer_device, stream, producer);
 }
@@ -75,7 +75,7 @@ absl::Status enqueue(cuda_context& ctx, const copy_request& r, int device, cuda:
 
 }  // namespace
 
-marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& request) {
   const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
   cuda_context& ctx = *context;
   const int device = s.device.ordinal;
@@ -97,11 +97,11 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, copy_request request) {
   }
   auto failed = std::make_shared<completion_marker>();
   // The callback holds the context: its reactor must outlive the drain.
-  ctx.drain(std::move(used), [failed, status, context] { failed->complete(status); });
+  ctx.drain(used, [failed, status, context] { failed->complete(status); });
   return failed;
 }
 
-marker_ptr upload_through_staging(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_request& request) {
   const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
   const int device = s.device.ordinal;
   cuda::stream_t stream = context->stream(device, s.index);
@@ -154,9 +154,9 @@ marker_ptr download_through_staging(runtime_core& core, stream_ref s, copy_reque
   p->start(stream);
   if (temp == nullptr) return p->done();
   auto freed = std::make_shared<completion_marker>();
-  p->done()->on_complete([context, temp, stream, device, freed](absl::Status st) {
+  p->done()->on_complete([context, temp, stream, device, freed](const absl::Status& st) {
     (void)context->release_memory(device, temp, stream);
-    freed->complete(std::move(st));
+    freed->complete(st);
   });
   return freed;
 }

@@ -91,10 +91,10 @@ marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request) 
   marker_ptr produced = cuda->context().record_producer(request.source, request.producer_stream);
   auto copied = std::make_shared<completion_marker>();
   produced->on_complete(
-      [&core, s, request = std::move(request), copied](absl::Status status) mutable {
-        if (!status.ok()) return copied->complete(std::move(status));
-        enqueue(core, s, std::move(request))->on_complete([copied](absl::Status st) {
-          copied->complete(std::move(st));
+      [&core, s, request = std::move(request), copied](const absl::Status& status) mutable {
+        if (!status.ok()) return copied->complete(status);
+        enqueue(core, s, std::move(request))->on_complete([copied](const absl::Status& st) {
+          copied->complete(st);
         });
       });
   return copied;

@@ -80,13 +80,13 @@ staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, asio::
     while (begin < units) {
       std::int64_t end = begin + 1;
       while (end < units && copy_.dst_offset(end + 1) - copy_.dst_offset(begin) <= limit) ++end;
-      ranges_.push_back({begin, end});
+      ranges_.emplace_back(begin, end);
       begin = end;
     }
   } else {
     for (std::uint64_t at = 0; at < copy_.bytes(); at += limit) {
-      ranges_.push_back({static_cast<std::int64_t>(at),
-                         static_cast<std::int64_t>(std::min(at + limit, copy_.bytes()))});
+      ranges_.emplace_back(static_cast<std::int64_t>(at),
+                           static_cast<std::int64_t>(std::min(at + limit, copy_.bytes())));
     }
   }
 }
@@ -180,16 +180,17 @@ void staging_pipeline::gather_and_send(std::size_t k, void* chunk) {
       !st.ok()) {
     return chunk_failed(chunk, std::move(st));
   }
-  ctx_.record(device_, s)->on_complete([self = shared_from_this(), chunk, s](absl::Status st) {
-    if (!st.ok()) {
-      self->fail(st);
-      self->return_after(s, chunk);
-    } else {
-      self->ctx_.chunks().give(chunk);
-    }
-    self->request_chunk();
-    self->finish_one();  // last: it may complete the import
-  });
+  ctx_.record(device_, s)
+      ->on_complete([self = shared_from_this(), chunk, s](const absl::Status& st) {
+        if (!st.ok()) {
+          self->fail(st);
+          self->return_after(s, chunk);
+        } else {
+          self->ctx_.chunks().give(chunk);
+        }
+        self->request_chunk();
+        self->finish_one();  // last: it may complete the import
+      });
 }
 
 void staging_pipeline::receive(std::size_t k, void* chunk) {
@@ -202,21 +203,22 @@ void staging_pipeline::receive(std::size_t k, void* chunk) {
       !st.ok()) {
     return chunk_failed(chunk, std::move(st));
   }
-  ctx_.record(device_, s)->on_complete([self = shared_from_this(), k, chunk, s](absl::Status st) {
-    if (!st.ok()) {
-      self->fail(st);
-      self->return_after(s, chunk);
-      self->request_chunk();
-      return self->finish_one();
-    }
-    asio::post(self->pool_, [self, k, chunk] {
-      const auto [begin, end] = self->ranges_[k];
-      std::memcpy(self->dst_ + begin, chunk, static_cast<std::size_t>(end - begin));
-      self->ctx_.chunks().give(chunk);
-      self->request_chunk();
-      self->finish_one();
-    });
-  });
+  ctx_.record(device_, s)
+      ->on_complete([self = shared_from_this(), k, chunk, s](const absl::Status& st) {
+        if (!st.ok()) {
+          self->fail(st);
+          self->return_after(s, chunk);
+          self->request_chunk();
+          return self->finish_one();
+        }
+        asio::post(self->pool_, [self, k, chunk] {
+          const auto [begin, end] = self->ranges_[k];
+          std::memcpy(self->dst_ + begin, chunk, static_cast<std::size_t>(end - begin));
+          self->ctx_.chunks().give(chunk);
+          self->request_chunk();
+          self->finish_one();
+        });
+      });
 }
 
 // A chunk whose transfer could not be tracked goes back to the pool once
@@ -255,7 +257,7 @@ void staging_pipeline::finish() {
     st = status_;
   }
   const bool cancelled = control_ && control_->aborted.load(std::memory_order_acquire);
-  if (st.ok() && !cancelled) return done_->complete(std::move(st));
+  if (st.ok() && !cancelled) return done_->complete(st);
   // After an error or a cancellation, work enqueued before it (a gather
   // kernel reading the source, copies) may still run: the import releases
   // the destination, the source and temporary buffers only once the
@@ -264,8 +266,7 @@ void staging_pipeline::finish() {
   for (cuda::stream_t s : streams_) {
     if (s != after_) used.emplace_back(device_, s);
   }
-  ctx_.drain(std::move(used),
-             [self = shared_from_this(), st = std::move(st)] { self->done_->complete(st); });
+  ctx_.drain(used, [self = shared_from_this(), st = std::move(st)] { self->done_->complete(st); });
 }
 
 }  // namespace dlasync::detail

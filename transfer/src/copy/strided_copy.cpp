@@ -12,8 +12,8 @@ namespace dlasync {
 namespace {
 
 // Runs copy this many bytes a unit, tiles this many rows.
-constexpr std::int64_t run_unit_bytes = 256 * 1024;
-constexpr std::int64_t gather_unit_bytes = 64 * 1024;
+constexpr std::int64_t run_unit_bytes = std::int64_t{256} << 10;
+constexpr std::int64_t gather_unit_bytes = std::int64_t{64} << 10;
 constexpr std::int64_t tile = 32;
 constexpr std::int64_t tile_run_bytes = 512;
 constexpr std::int64_t line_bytes = 64;
@@ -66,10 +66,10 @@ struct micro_transpose<2> {
   static constexpr std::int64_t size = 8;
   static void run(const char* s, std::int64_t ss, char* d, std::int64_t ds) {
     __m128i a[8];
-    for (int i = 0; i < 8; ++i)
+    for (std::int64_t i = 0; i < 8; ++i)
       a[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i * ss));
     __m128i b[8];
-    for (int i = 0; i < 4; ++i) {
+    for (std::int64_t i = 0; i < 4; ++i) {
       b[2 * i] = _mm_unpacklo_epi16(a[2 * i], a[2 * i + 1]);
       b[2 * i + 1] = _mm_unpackhi_epi16(a[2 * i], a[2 * i + 1]);
     }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "transfer/src/copy/device_copy.hpp"
 #include "transfer/src/copy/host_copy.hpp"
+#include "transfer/src/validate/layout.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -21,8 +22,7 @@ absl::Status wrong_device(device claimed, std::uintptr_t address,
 
 // Where the CUDA runtime says the first element lies.
 absl::StatusOr<std::optional<device>> locate(cuda_context& cuda, const import_plan& plan) {
-  absl::StatusOr<std::optional<device>> where =
-      cuda.device_of(reinterpret_cast<const void*>(plan.address));
+  absl::StatusOr<std::optional<device>> where = cuda.device_of(first_element(plan));
   if (!where.ok()) {
     return absl::Status(where.status().code(),
                         absl::StrCat("cannot tell where the data of a tensor on ",
@@ -73,8 +73,8 @@ marker_ptr start_copy(runtime_core& core, stream_ref s, copy_request request) {
     case transfer_path::host_to_host: return copy_on_host(core, s, std::move(request));
     case transfer_path::pinned_to_gpu:
     case transfer_path::within_gpu:
-    case transfer_path::gpu_to_gpu: return copy_on_gpu(core, s, std::move(request));
-    case transfer_path::pageable_to_gpu: return upload_through_staging(core, s, std::move(request));
+    case transfer_path::gpu_to_gpu: return copy_on_gpu(core, s, request);
+    case transfer_path::pageable_to_gpu: return upload_through_staging(core, s, request);
     case transfer_path::gpu_to_host: return download_through_staging(core, s, std::move(request));
     case transfer_path::view:
     case transfer_path::view_after_producer: break;

@@ -53,7 +53,8 @@ void import_operation::start() {
     waiting_for_budget_ = true;
   }
   const std::uint64_t ticket = core_.budget()->acquire(
-      plan_.byte_size, [self = shared_from_this()](absl::Status s) { self->on_budget(s); });
+      plan_.byte_size,
+      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
   {
     std::lock_guard lock(mutex_);
     if (!waiting_for_budget_) return;
@@ -133,7 +134,7 @@ void import_operation::on_budget(absl::Status status) {
   request.path = path_;
   request.source = plan_.source;
   request.target = plan_.target;
-  request.from = reinterpret_cast<const void*>(plan_.address);
+  request.from = first_element(plan_);
   request.to = data;
   request.layout = source_layout(*source_.dl_tensor(), plan_);
   request.bytes = bytes;
@@ -148,7 +149,7 @@ void import_operation::on_budget(absl::Status status) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.
     std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
-    copied->on_complete([self = shared_from_this()](absl::Status) {
+    copied->on_complete([self = shared_from_this()](const absl::Status&) {
       self->source_.reset();
       self->core_.end_operation(self->op_id_);
     });

@@ -34,7 +34,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   }
   const DLTensor& dl = *start.source.dl_tensor();
   const strided_copy copy(source_layout(dl, plan));
-  copy.run(reinterpret_cast<const void*>(plan.address), allocated->data(), 0, copy.units());
+  copy.run(first_element(plan), allocated->data(), 0, copy.units());
   const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
   void* data = allocated->data();
   device_buffer buffer(plan.target, data, bytes,

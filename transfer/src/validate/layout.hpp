@@ -25,6 +25,14 @@ void row_major_strides(std::span<const std::int64_t> shape, std::span<std::int64
 // no copy between them.
 device memory_space(device d);
 
+// The first element of the tensor `plan` describes. Validation works on
+// addresses as integers, so that a corrupt byte offset is caught without
+// pointer arithmetic out of bounds.
+inline const void* first_element(const import_plan& plan) noexcept {
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): see above
+  return reinterpret_cast<const void*>(plan.address);
+}
+
 // How a copy reads the source `dl` that `plan` (from plan_import) accepted:
 // packed sub-byte data as plain bytes, else its elements with its strides
 // (row-major ones for NULL strides).

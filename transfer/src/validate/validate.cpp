@@ -205,7 +205,7 @@ std::string device_pair(const import_plan& p) {
 
 std::string import_plan::copy_reason_text() const {
   std::vector<std::string> parts;
-  if (has(copy_reason::requested)) parts.push_back("requested (copy=true)");
+  if (has(copy_reason::requested)) parts.emplace_back("requested (copy=true)");
   if (has(copy_reason::cross_device)) {
     parts.push_back(absl::StrCat("cross-device (", device_pair(*this), ")"));
   }
@@ -214,7 +214,7 @@ std::string import_plan::copy_reason_text() const {
                                  ", target requires ", alignment, " bytes)"));
   }
   if (has(copy_reason::contiguity)) {
-    parts.push_back("contiguity (strides are not row-major and require_contiguous is set)");
+    parts.emplace_back("contiguity (strides are not row-major and require_contiguous is set)");
   }
   if (has(copy_reason::writable)) {
     parts.push_back(absl::StrCat(

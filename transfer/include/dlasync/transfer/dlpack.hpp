@@ -25,6 +25,7 @@
 extern "C" {
 #endif
 // The version of a versioned managed tensor (DLPack 1.0).
+// NOLINTNEXTLINE(modernize-use-using): DLPack's own C declaration
 typedef struct {
   uint32_t major;
   uint32_t minor;
@@ -32,6 +33,7 @@ typedef struct {
 
 // A managed tensor with a version and flags (DLPack 1.0). Everything up to
 // and including `flags` keeps its place in later major versions.
+// NOLINTNEXTLINE(modernize-use-using): DLPack's own C declaration
 typedef struct DLManagedTensorVersioned {
   DLPackVersion version;
   void* manager_ctx;

@@ -66,10 +66,11 @@ class tensor {
   void* data() const noexcept {
     // Integer arithmetic: validation bounds the offset of tensors with
     // elements, but a size-0 tensor's offset is unchecked and may wrap.
-    return state_->data == nullptr
-               ? nullptr
-               : reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(state_->data) +
-                                         state_->byte_offset);
+    if (state_->data == nullptr) return nullptr;
+    const std::uintptr_t first =
+        reinterpret_cast<std::uintptr_t>(state_->data) + state_->byte_offset;
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): integer arithmetic on purpose
+    return reinterpret_cast<void*>(first);
   }
   // DLPack's pair: the first element is at dl_data() + byte_offset().
   void* dl_data() const noexcept { return state_->data; }
