@@ -30,6 +30,12 @@ void when_stream_reaches(runtime& rt, device gpu, std::int64_t stream,
                          absl::AnyInvocable<void(absl::Status) &&> done) {
   absl::StatusOr<cuda_context*> context = context_for(rt, gpu);
   if (!context.ok()) return std::move(done)(context.status());
+  if (stream < stream_legacy_default) {
+    return std::move(done)(absl::InvalidArgumentError(absl::StrCat(
+        "stream ", stream,
+        " names no stream to wait for; use 1 (legacy default), 2 (per-thread default) or a "
+        "stream handle")));
+  }
   marker_ptr reached = (*context)->record_producer(gpu, stream);
   reached->on_complete([done = std::move(done)](absl::Status status) mutable {
     std::move(done)(std::move(status));

@@ -103,6 +103,10 @@ TEST_CASE("streams are refused on devices that are no GPU of the runtime",
   std::future<absl::Status> no_gpu =
       async_wait_for_stream(*host_only, gpu0, stream_legacy_default, asio::use_future);
   require_status(no_gpu.get(), absl::StatusCode::kUnimplemented, {"cuda:0"});
+  for (const std::int64_t value : {std::int64_t{0}, stream_no_sync, std::int64_t{-5}}) {
+    require_status(async_wait_for_stream(*r.rt, gpu0, value, asio::use_future).get(),
+                   absl::StatusCode::kInvalidArgument, {"names no stream"});
+  }
   int not_a_stream = 0;
   std::future<absl::Status> bad = async_wait_for_stream(
       *r.rt, gpu0, reinterpret_cast<std::int64_t>(&not_a_stream), asio::use_future);

@@ -37,6 +37,7 @@
 #include "asio/async_result.hpp"
 #include "dlasync/runtime/detail/deliver.hpp"
 #include "dlasync/runtime/device.hpp"
+#include "dlasync/runtime/dlpack_stream.hpp"
 #include "dlasync/runtime/runtime.hpp"
 
 namespace dlasync {
@@ -121,7 +122,8 @@ class gpu_stream {
 // inside this function, on its associated executor (the runtime's when it
 // has none). Completion signature: void(absl::Status): OK; the CUDA error
 // of recording the point to wait for or of the stream; InvalidArgument for
-// a device that is not a GPU of `rt`. The wait cannot be cancelled.
+// a device that is not a GPU of `rt`, or for a stream value below 1 (0 is
+// ambiguous in DLPack, -1 names no stream). The wait cannot be cancelled.
 //
 // Thread safety: safe from any thread.
 template <typename CompletionToken>
