@@ -519,3 +519,77 @@ TEST_CASE("a pointer that lives elsewhere than its tensor claims is refused",
 }
 
 }  // namespace dlasync
+
+namespace dlasync {
+
+TEST_CASE("a batch's copying members run asynchronously, each released once",
+          "[cuda][import][batch]") {
+  sim_runtime r = make_sim_runtime();
+  std::vector<std::vector<float>> data(3, std::vector<float>(64 << 10));
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    std::iota(data[i].begin(), data[i].end(), static_cast<float>(i));
+  }
+  std::vector<deleter_count> counts(3);
+  std::vector<managed_tensor> sources;
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    tensor_spec s;
+    s.shape = {static_cast<std::int64_t>(data[i].size())};
+    s.data = data[i].data();
+    sources.push_back(make_tensor(s, counts[i]));
+  }
+  import_options o;
+  o.target = device{device_kind::cuda, 1};
+  std::vector<absl::StatusOr<tensor>> results =
+      async_import_dlpack_batch(*r.rt, sources, o, asio::use_future).get();
+  REQUIRE(results.size() == 3);
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    INFO("member " << i);
+    REQUIRE(results[i].ok());
+    CHECK(results[i]->device() == *o.target);
+    CHECK(std::memcmp(results[i]->data(), data[i].data(), data[i].size() * sizeof(float)) == 0);
+    CHECK(sources[i].empty());
+    CHECK(counts[i].calls == 1);
+  }
+}
+
+TEST_CASE("cancelling a batch cancels the members still running", "[cuda][import][batch][cancel]") {
+  cuda::sim_options so;
+  so.host_to_device_gbps = 0.25;  // 1 MiB takes about 4 ms
+  sim_runtime r = make_sim_runtime(so, 2, 64 << 10);
+  std::vector<float> host(1 << 18);  // 1 MiB each
+  std::vector<deleter_count> counts(4);
+  std::vector<managed_tensor> sources;
+  for (deleter_count& count : counts) {
+    tensor_spec s;
+    s.shape = {static_cast<std::int64_t>(host.size())};
+    s.data = host.data();
+    sources.push_back(make_tensor(s, count));
+  }
+  import_options o;
+  o.target = device{device_kind::cuda, 0};
+  asio::io_context io;
+  asio::cancellation_signal signal;
+  std::vector<absl::StatusOr<tensor>> results;
+  async_import_dlpack_batch(
+      *r.rt, sources, o,
+      asio::bind_cancellation_slot(
+          signal.slot(), asio::bind_executor(io, [&](std::vector<absl::StatusOr<tensor>> got) {
+            results = std::move(got);
+          })));
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  signal.emit(asio::cancellation_type::terminal);
+  io.run();
+  REQUIRE(results.size() == 4);
+  int cancelled = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    INFO("member " << i << ": " << results[i].status().ToString());
+    CHECK((results[i].ok() || results[i].status().code() == absl::StatusCode::kCancelled));
+    cancelled += results[i].status().code() == absl::StatusCode::kCancelled;
+    CHECK(counts[i].calls == 1);
+  }
+  CHECK(cancelled > 0);
+  results.clear();
+  CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
+}
+
+}  // namespace dlasync
