@@ -1,9 +1,11 @@
 // Layout helpers (internal), one copy of each: what validation decides
 // about memory spaces and what copies need to know about a tensor's
-// layout.
+// layout. The small ones are inline: the zero-copy fast path calls them.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "dlasync/runtime/device.hpp"
@@ -17,13 +19,26 @@ namespace dlasync::detail {
 // the same length. Validation bounds their product for tensors with
 // elements; a size-0 tensor may have huge other extents and addresses
 // nothing, so its strides saturate at INT64_MAX instead of overflowing.
-void row_major_strides(std::span<const std::int64_t> shape, std::span<std::int64_t> strides);
+inline void row_major_strides(std::span<const std::int64_t> shape,
+                              std::span<std::int64_t> strides) {
+  std::int64_t stride = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = stride;
+    if (__builtin_mul_overflow(stride, std::max<std::int64_t>(shape[i], 1), &stride)) {
+      stride = std::numeric_limits<std::int64_t>::max();
+    }
+  }
+}
 
 // The memory a device names: pinned host memory is this process's host
 // memory (cpu:0); managed memory of GPU n is read in place on cuda:n;
 // virtual host devices are distinct. Two devices of one memory space need
 // no copy between them.
-device memory_space(device d);
+inline device memory_space(device d) {
+  if (is_host_memory(d.kind)) return d.kind == device_kind::cpu ? d : host_device;
+  if (d.kind == device_kind::cuda_managed) return {device_kind::cuda, d.ordinal};
+  return d;
+}
 
 // The first element of the tensor `plan` describes. Validation works on
 // addresses as integers, so that a corrupt byte offset is caught without
