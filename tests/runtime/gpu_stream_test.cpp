@@ -39,7 +39,16 @@ TEST_CASE("a caller's stream runs host functions in order and is waited for",
                order.push_back(i);
              }).ok());
   }
-  REQUIRE(s->synchronize().ok());
+  // Moved, the stream goes with its handle; assigned over, the old one is
+  // destroyed first.
+  const std::int64_t value = s->dlpack_stream();
+  gpu_stream moved = *std::move(s);
+  CHECK(moved.dlpack_stream() == value);
+  absl::StatusOr<gpu_stream> other = gpu_stream::create(*r.rt, gpu0);
+  REQUIRE(other.ok());
+  *other = std::move(moved);
+  CHECK(other->dlpack_stream() == value);
+  REQUIRE(other->synchronize().ok());
   std::vector<int> want(10);
   std::iota(want.begin(), want.end(), 0);
   CHECK(order == want);

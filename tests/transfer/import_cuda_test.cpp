@@ -516,6 +516,17 @@ TEST_CASE("a pointer that lives elsewhere than its tensor claims is refused",
   require_status(import_now(*r.rt, pageable, {}).status(), absl::StatusCode::kFailedPrecondition,
                  {"not CUDA device memory"});
   CHECK(count.calls == 0);
+  // A host tensor bound for a GPU whose pointer is GPU memory: refused too,
+  // not gathered on the host.
+  s.data = on_zero.data;
+  s.device = host_device;
+  managed_tensor lying = make_tensor(s, count);
+  import_options o;
+  o.target = device{device_kind::cuda, 1};
+  require_status(import_now(*r.rt, lying, o).status(), absl::StatusCode::kFailedPrecondition,
+                 {"says it lives on cpu:0", "memory of cuda:0"});
+  CHECK_FALSE(lying.empty());
+  CHECK(count.calls == 0);
 }
 
 }  // namespace dlasync
