@@ -9,11 +9,10 @@ namespace dlasync::detail {
 
 host_backend::host_backend(host_backend_options options, asio::thread_pool& pool)
     : options_(options),
-      pool_(pool),
       cache_(
           std::make_shared<host_block_cache>(options_.cache_min_bytes, options_.cache_max_bytes)) {
   const int count = options_.host_devices * options_.streams_per_device;
-  for (int i = 0; i < count; ++i) streams_.push_back(std::make_unique<host_stream>(pool_));
+  for (int i = 0; i < count; ++i) streams_.push_back(std::make_unique<host_stream>(pool));
 }
 
 host_backend::~host_backend() = default;

@@ -44,14 +44,11 @@ class host_backend final : public backend {
   // A marker that completes when stream `s` has run what it holds now.
   marker_ptr record(stream_ref s);
 
-  asio::thread_pool& pool() noexcept { return pool_; }
-
   // Bytes of freed blocks kept for reuse.
   std::uint64_t cached_bytes() const;
 
  private:
   host_backend_options options_;
-  asio::thread_pool& pool_;
   std::shared_ptr<host_block_cache> cache_;
   std::vector<std::unique_ptr<host_stream>> streams_;
 };
