@@ -50,7 +50,17 @@ absl::Status runtime_core::start(const process_topology& topology) {
   host.streams_per_device = options_.streams_per_device;
   host.cache_max_bytes = options_.host_cache_bytes;
   host_ = std::make_unique<host_backend>(host, workers_);
-  std::vector<served_devices> served = host_->served();
+  // What each backend announces is both the registry's entries and which
+  // backend backend_for names for a kind.
+  std::vector<served_devices> served;
+  auto serve = [&](backend& b) {
+    for (const served_devices& s : b.served()) {
+      served.push_back(s);
+      const auto code = static_cast<std::size_t>(s.kind);
+      if (code < by_kind_.size()) by_kind_[code] = &b;
+    }
+  };
+  serve(*host_);
 
   cuda_api_ = hooks_.cuda_api;
   if (!cuda_api_) {
@@ -63,8 +73,7 @@ absl::Status runtime_core::start(const process_topology& topology) {
     o.staging_chunk_bytes = options_.staging_chunk_bytes;
     o.staging_chunks = options_.staging_chunks;
     DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o));
-    std::vector<served_devices> more = cuda_->served();
-    served.insert(served.end(), more.begin(), more.end());
+    serve(*cuda_);
   }
   DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));
   registry_.emplace(std::move(registry));
@@ -83,9 +92,8 @@ runtime_core::~runtime_core() {
 }
 
 backend* runtime_core::backend_for(device_kind kind) noexcept {
-  if (kind == device_kind::cpu || kind == device_kind::cuda_host) return host_.get();
-  if (is_gpu_memory(kind)) return cuda_.get();
-  return nullptr;
+  const auto code = static_cast<std::size_t>(kind);
+  return code < by_kind_.size() ? by_kind_[code] : nullptr;
 }
 
 stream_ref runtime_core::next_stream(device d) noexcept {

@@ -10,6 +10,7 @@
 // Thread safety: all members are safe to call from any thread.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -65,8 +66,8 @@ class runtime_core {
   // The CUDA runtime behind it (real or simulated), or nullptr.
   cuda::api* cuda_api() noexcept { return cuda_api_.get(); }
 
-  // The backend that serves `kind` (the registry says which); nullptr when
-  // none does.
+  // The backend that serves `kind`, as the backends announced at start (the
+  // registry's entries); nullptr when none does.
   backend* backend_for(device_kind kind) noexcept;
 
   // The next stream of `d`, round robin over streams_per_device.
@@ -96,6 +97,8 @@ class runtime_core {
   std::unique_ptr<host_backend> host_;
   std::shared_ptr<cuda::api> cuda_api_;
   std::unique_ptr<cuda_backend> cuda_;
+  // backend_for, indexed by DLPack's device-type code.
+  std::array<backend*, 32> by_kind_{};
   std::optional<device_registry> registry_;
   asio::io_context io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
