@@ -22,6 +22,27 @@ absl::Status follow_producer(cuda_context& ctx, const copy_request& r, int devic
   return ctx.order_after(producer_device, stream, producer);
 }
 
+// Where a GPU path runs: stream `s` of the CUDA context, ordered after the
+// producer's stream. `done` is set when nothing more is to be enqueued:
+// the producer could not be followed, or there are no bytes to move.
+struct path_stream {
+  std::shared_ptr<cuda_context> context;
+  int device;
+  cuda::stream_t stream;
+  marker_ptr done;
+};
+
+path_stream enter_stream(runtime_core& core, stream_ref s, const copy_request& r) {
+  path_stream on{core.cuda()->shared_context(), s.device.ordinal, nullptr, nullptr};
+  on.stream = on.context->stream(on.device, s.index);
+  if (absl::Status st = follow_producer(*on.context, r, on.device, on.stream); !st.ok()) {
+    on.done = done_marker(st);
+  } else if (r.bytes == 0) {
+    on.done = on.context->record(on.device, on.stream);
+  }
+  return on;
+}
+
 // A strided source on another GPU: compacted there into a temporary, then
 // copied across on `stream`; the temporary is freed after the copy.
 absl::Status compact_then_copy(cuda_context& ctx, const copy_request& r, int device,
@@ -76,14 +97,12 @@ absl::Status enqueue(cuda_context& ctx, const copy_request& r, int device, cuda:
 }  // namespace
 
 marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& request) {
-  const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
+  const path_stream on = enter_stream(core, s, request);
+  if (on.done) return on.done;
+  const std::shared_ptr<cuda_context>& context = on.context;
   cuda_context& ctx = *context;
-  const int device = s.device.ordinal;
-  cuda::stream_t stream = ctx.stream(device, s.index);
-  if (absl::Status st = follow_producer(ctx, request, device, stream); !st.ok()) {
-    return done_marker(st);
-  }
-  if (request.bytes == 0) return ctx.record(device, stream);
+  const int device = on.device;
+  cuda::stream_t stream = on.stream;
   absl::Status status = enqueue(ctx, request, device, stream, s.index);
   marker_ptr copied = status.ok() ? ctx.record(device, stream) : nullptr;
   if (copied != nullptr) status = failed_at_once(copied);
@@ -102,33 +121,26 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& req
 }
 
 marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_request& request) {
-  const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
-  const int device = s.device.ordinal;
-  cuda::stream_t stream = context->stream(device, s.index);
-  if (absl::Status st = follow_producer(*context, request, device, stream); !st.ok()) {
-    return done_marker(st);
-  }
-  if (request.bytes == 0) return context->record(device, stream);
-  auto p = staging_pipeline::upload(context, core.workers(), device, request);
+  const path_stream on = enter_stream(core, s, request);
+  if (on.done) return on.done;
+  auto p = staging_pipeline::upload(on.context, core.workers(), on.device, request);
   if (!p->fits()) {
     return done_marker(absl::UnimplementedError(
         "a single row of this strided source is larger than a staging chunk; raise "
         "runtime_options::staging_chunk_bytes or make the source contiguous first"));
   }
-  p->start(stream);
+  p->start(on.stream);
   return p->done();
 }
 
 marker_ptr download_through_staging(runtime_core& core, stream_ref s, copy_request request) {
-  const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
+  const path_stream on = enter_stream(core, s, request);
+  if (on.done) return on.done;
+  const std::shared_ptr<cuda_context>& context = on.context;
   cuda_context& ctx = *context;
   cuda::api& api = ctx.api();
-  const int device = s.device.ordinal;
-  cuda::stream_t stream = ctx.stream(device, s.index);
-  if (absl::Status st = follow_producer(ctx, request, device, stream); !st.ok()) {
-    return done_marker(st);
-  }
-  if (request.bytes == 0) return ctx.record(device, stream);
+  const int device = on.device;
+  cuda::stream_t stream = on.stream;
   // Compact on the device first when strided, then stream the compact
   // bytes out through staging chunks.
   const void* compact_source = request.from;
