@@ -82,12 +82,9 @@ void import_operation::wait_for_producer() {
   // A view of GPU (or pinned) memory still being written: hand it out when
   // the producer's stream has reached this point. Validation asks for the
   // CUDA backend whenever a producer stream is given.
-  cuda_context& cuda = core_.cuda()->context();
-  const marker_ptr produced = cuda.record_producer(plan_.source, plan_.producer_stream);
-  // A marker already done has nothing to order, and may carry an error
-  // (a producer stream that could not be followed): report it instead.
-  if (plan_.consumer_stream != stream_no_sync && !produced->done() &&
-      cuda.order_consumer(plan_.target, plan_.consumer_stream, produced).ok()) {
+  const marker_ptr produced =
+      core_.cuda()->context().record_producer(plan_.source, plan_.producer_stream);
+  if (caller_stream_follows(produced)) {
     // The caller's stream follows the producer on the device: no wait here.
     return finish(tensor_factory::make_view(std::move(source_), plan_));
   }
@@ -142,10 +139,7 @@ void import_operation::on_budget(absl::Status status) {
   request.producer_stream = plan_.producer_stream;
   request.control = control_;
   const marker_ptr copied = start_copy(core_, stream, std::move(request));
-  // A copy that failed as it was enqueued completes its marker at once:
-  // it must not resume the caller early as if it had been enqueued.
-  if (plan_.consumer_stream != stream_no_sync && !copied->done() &&
-      core_.cuda()->context().order_consumer(plan_.target, plan_.consumer_stream, copied).ok()) {
+  if (caller_stream_follows(copied)) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.
     std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
@@ -157,6 +151,15 @@ void import_operation::on_budget(absl::Status status) {
   }
   copied->on_complete(
       [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+}
+
+bool import_operation::caller_stream_follows(const marker_ptr& m) {
+  // A marker already done has nothing to order, and may carry an error (a
+  // copy that failed as it was enqueued, a producer stream that could not
+  // be followed): the caller must not resume early as if the work were
+  // enqueued. A consumer stream is given for GPU targets only.
+  return plan_.consumer_stream != stream_no_sync && !m->done() &&
+         core_.cuda()->context().order_consumer(plan_.target, plan_.consumer_stream, m).ok();
 }
 
 void import_operation::on_copied(absl::Status status) {

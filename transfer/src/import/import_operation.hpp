@@ -35,6 +35,9 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
 
  private:
   void wait_for_producer();
+  // True when the caller's consumer stream now waits for `m` on the device,
+  // so that the import may resume before `m` completes.
+  bool caller_stream_follows(const marker_ptr& m);
   void on_budget(absl::Status status);
   void on_copied(absl::Status status);
   void finish(import_result result);
