@@ -17,10 +17,17 @@ void sim_api::fail_nth_call(std::uint64_t k, error e, bool sticky) {
 void sim_api::make_sticky(error e) {
   {
     std::lock_guard lock(mutex_);
-    sticky_ = e;
-    ++failures_;
+    fail_context_locked(e);
   }
   context_failed();
+}
+
+void sim_api::fail_context_locked(error e) {
+  sticky_ = e;
+  ++failures_;
+  // Queued work never runs now: it can no longer race with anything. In
+  // the same hold of mutex_ as the failure, which work is stamped under.
+  checker_.host_learns_everything();
 }
 
 void sim_api::context_failed() {
@@ -82,8 +89,7 @@ error sim_api::enter(const char* call) {
       if (it->call == n) {
         const error e = it->e;
         if (it->sticky) {
-          sticky_ = e;
-          ++failures_;
+          fail_context_locked(e);
           became_sticky = true;
         }
         nth_faults_.erase(it);
@@ -96,8 +102,7 @@ error sim_api::enter(const char* call) {
         if (it->call == nth_of_call) {
           const error e = it->e;
           if (it->sticky) {
-            sticky_ = e;
-            ++failures_;
+            fail_context_locked(e);
             became_sticky = true;
           }
           faults->second.erase(it);

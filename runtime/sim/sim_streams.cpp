@@ -1,15 +1,41 @@
 #include "runtime/sim/sim_api.hpp"
 
 #include <shared_mutex>
+#include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "runtime/sim/sim_site.hpp"
 #include "runtime/sim/sim_state.hpp"
 
 namespace dlasync::cuda {
 namespace {
 
-// DLPack's and cudart's special stream handles.
-bool is_legacy_default(stream_t s) {
-  return s == nullptr || s == reinterpret_cast<stream_t>(1) || s == reinterpret_cast<stream_t>(2);
+// cudart's special stream handles: 0 (the NULL stream) and 1
+// (cudaStreamLegacy) name the legacy default stream, 2
+// (cudaStreamPerThread) the calling thread's default stream.
+bool is_legacy_handle(stream_t s) {
+  return s == nullptr || s == reinterpret_cast<stream_t>(1);
+}
+bool is_per_thread_handle(stream_t s) {
+  return s == reinterpret_cast<stream_t>(2);
+}
+
+std::string thread_name() {
+  std::ostringstream out;
+  out << std::this_thread::get_id();
+  return out.str();
+}
+
+// Waits until `ev`'s record `generation` completed, or the context failed.
+template <typename Failed>
+void wait_for_record(std::shared_ptr<void> keep, std::mutex& mutex, std::condition_variable& done,
+                     const std::function<bool()>& complete, Failed failed) {
+  std::unique_lock lock(mutex);
+  while (!complete()) {
+    if (failed()) return;  // a failed context never completes it
+    done.wait_for(lock, std::chrono::milliseconds(2));
+  }
+  (void)keep;
 }
 
 }  // namespace
@@ -37,12 +63,36 @@ void sim_api::stream_busy(int delta) {
   stats_.peak_busy_streams = std::max(stats_.peak_busy_streams, busy_streams_);
 }
 
-std::shared_ptr<sim_api::stream> sim_api::find_stream(stream_t handle) {
-  std::lock_guard lock(mutex_);
-  if (is_legacy_default(handle)) {
-    if (sim_current_device < 0 || sim_current_device >= options_.devices) return nullptr;
-    return default_streams_[static_cast<std::size_t>(sim_current_device)];
+std::shared_ptr<sim_api::stream> sim_api::new_stream(int device, bool blocking, const char* kind) {
+  auto s = std::make_shared<stream>();
+  s->device = device;
+  s->blocking = blocking;
+  {
+    std::lock_guard lock(mutex_);
+    s->name = absl::StrCat(kind, " #", ++stream_count_, " of cuda:", device);
   }
+  s->agent = checker_.add_stream(s->name);
+  start_worker(*s);
+  return s;
+}
+
+std::shared_ptr<sim_api::stream> sim_api::find_stream(stream_t handle) {
+  const int device = sim_current_device;
+  if (device < 0 || device >= options_.devices) return nullptr;
+  if (is_legacy_handle(handle)) return legacy_streams_[static_cast<std::size_t>(device)];
+  const auto key = std::make_pair(std::this_thread::get_id(), device);
+  if (is_per_thread_handle(handle)) {
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = thread_streams_.find(key); it != thread_streams_.end()) return it->second;
+    }
+    const std::string kind =
+        absl::StrCat("the per-thread default stream of thread ", thread_name());
+    std::shared_ptr<stream> s = new_stream(device, true, kind.c_str());
+    std::lock_guard lock(mutex_);
+    return thread_streams_.emplace(key, std::move(s)).first->second;
+  }
+  std::lock_guard lock(mutex_);
   auto it = streams_.find(handle);
   return it == streams_.end() ? nullptr : it->second;
 }
@@ -53,37 +103,154 @@ std::shared_ptr<sim_api::event> sim_api::find_event(event_t handle) {
   return it == events_.end() ? nullptr : it->second;
 }
 
-void sim_api::enqueue(const std::shared_ptr<stream>& s, std::function<void()> op) {
-  // Work queued when the context fails never runs, even once faults are
-  // cleared: a failed CUDA context does not come back.
-  enqueue_always(s, [this, op = std::move(op), since = epoch()] {
-    if (failed_since(since)) return;
-    op();
-  });
-}
-
-void sim_api::enqueue_always(const std::shared_ptr<stream>& s, std::function<void()> op) {
+void sim_api::push(stream& s, std::function<void()> op) {
   {
-    std::lock_guard lock(s->mutex);
-    s->queue.push_back(std::move(op));
+    std::lock_guard lock(s.mutex);
+    s.queue.push_back(std::move(op));
   }
-  s->wake.notify_one();
+  s.wake.notify_one();
 }
 
-error sim_api::launch_host_func(stream_t handle, std::function<void()> fn) {
-  if (error e = enter("cudaLaunchHostFunc"); e != error::success) return e;
+void sim_api::chain(const std::shared_ptr<stream>& waiter,
+                    const std::shared_ptr<stream>& signaller) {
+  auto ev = std::make_shared<event>();
+  ev->pending.insert(1);
+  push(*signaller, [ev] {
+    {
+      std::lock_guard lock(ev->mutex);
+      ev->pending.clear();
+    }
+    ev->done.notify_all();
+  });
+  push(*waiter, [this, ev] {
+    wait_for_record(
+        ev, ev->mutex, ev->done, [&] { return ev->pending.empty(); },
+        [this] { return sticky_error() != error::success; });
+  });
+  if (options_.check_order) checker_.wait_for_stream(waiter->agent, signaller->agent);
+}
+
+void sim_api::order_with_legacy(const std::shared_ptr<stream>& s) {
+  if (s->legacy) {
+    std::vector<std::shared_ptr<stream>> blocking;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [handle, b] : streams_) {
+        if (b->device == s->device && b->blocking && b->ops > b->seen_by_legacy) {
+          blocking.push_back(b);
+        }
+      }
+      for (const auto& [key, b] : thread_streams_) {
+        if (b->device == s->device && b->ops > b->seen_by_legacy) blocking.push_back(b);
+      }
+    }
+    for (const std::shared_ptr<stream>& b : blocking) {
+      chain(s, b);
+      b->seen_by_legacy = b->ops;
+    }
+  } else if (s->blocking) {
+    const std::shared_ptr<stream>& legacy = legacy_streams_[static_cast<std::size_t>(s->device)];
+    if (legacy->ops > s->legacy_seen) {
+      chain(s, legacy);
+      s->legacy_seen = legacy->ops;
+    }
+  }
+  ++s->ops;
+}
+
+void sim_api::enqueue(const std::shared_ptr<stream>& s, std::function<void()> op,
+                      std::span<const access> accesses, const op_label& label, bool always) {
+  std::vector<std::string> found;
+  {
+    std::lock_guard order(order_mutex_);
+    order_with_legacy(s);
+    if (options_.check_order) {
+      // Work queued in a failed context never runs: it touches nothing.
+      // Under mutex_, which a failing context holds while the checker
+      // learns that all queued work is void.
+      std::lock_guard lock(mutex_);
+      op_label tagged = label;
+      tagged.owner = work_owner;
+      const bool runs = sticky_ == error::success;
+      found = checker_.enqueue(s->agent, runs ? accesses : std::span<const access>(), tagged);
+    }
+    if (op && always) {
+      push(*s, std::move(op));
+    } else if (op) {
+      // Work queued when the context fails never runs, even once faults are
+      // cleared: a failed CUDA context does not come back.
+      push(*s, [this, op = std::move(op), since = epoch()] {
+        if (failed_since(since)) return;
+        op();
+      });
+    }
+  }
+  for (std::string& r : found) report(std::move(r));
+}
+
+void sim_api::drain_stream(const std::shared_ptr<stream>& s) {
+  struct waiter {
+    std::mutex mutex;
+    std::condition_variable done;
+    bool finished = false;
+  };
+  auto w = std::make_shared<waiter>();
+  order_checker::clock reached;
+  {
+    std::lock_guard order(order_mutex_);
+    if (options_.check_order) reached = checker_.capture(s->agent);
+    push(*s, [w] {
+      std::lock_guard lock(w->mutex);
+      w->finished = true;
+      w->done.notify_all();
+    });
+  }
+  std::unique_lock lock(w->mutex);
+  w->done.wait(lock, [&] { return w->finished; });
+  if (options_.check_order) checker_.host_learns(reached);
+}
+
+void sim_api::synchronize_all() {
+  std::vector<std::shared_ptr<stream>> all(legacy_streams_.begin(), legacy_streams_.end());
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& [handle, s] : streams_) all.push_back(s);
+    for (const auto& [key, s] : thread_streams_) all.push_back(s);
+  }
+  for (const std::shared_ptr<stream>& s : all) drain_stream(s);
+}
+
+error sim_api::launch_host_func(stream_t handle, std::function<void()> fn, site where) {
+  if (error e = enter("cudaLaunchHostFunc"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(handle);
-  if (!s) return error::invalid_resource_handle;
-  enqueue(s, std::move(fn));
+  if (!s) {
+    return refuse(error::invalid_resource_handle, "cudaLaunchHostFunc",
+                  "the stream handle names no live stream (destroyed, or never created)", where);
+  }
+  enqueue(s, std::move(fn), {}, {"cudaLaunchHostFunc", site_name(where)});
   return error::success;
 }
 
-error sim_api::stream_create(stream_t* handle) {
-  if (error e = enter("cudaStreamCreateWithFlags"); e != error::success) return e;
-  auto s = std::make_shared<stream>();
-  s->device = sim_current_device;
+error sim_api::stream_get_device(stream_t handle, int* device) {
+  if (error e = enter("cudaStreamGetDevice"); e != error::success) return failed(e);
+  std::shared_ptr<stream> s = find_stream(handle);
+  if (!s) {
+    return refuse(error::invalid_resource_handle, "cudaStreamGetDevice",
+                  "the stream handle names no live stream (destroyed, or never created)",
+                  site::current());
+  }
+  *device = s->device;
+  return error::success;
+}
+
+error sim_api::stream_create(stream_t* handle, stream_flags flags) {
+  if (error e = enter("cudaStreamCreateWithFlags"); e != error::success) return failed(e);
+  const int device = sim_current_device;
+  open_context(device);
+  const bool blocking = flags == stream_flags::blocking;
+  std::shared_ptr<stream> s =
+      new_stream(device, blocking, blocking ? "blocking stream" : "non-blocking stream");
   stream* raw = s.get();
-  start_worker(*s);
   std::lock_guard lock(mutex_);
   streams_[raw] = std::move(s);
   *handle = raw;
@@ -91,14 +258,21 @@ error sim_api::stream_create(stream_t* handle) {
 }
 
 error sim_api::stream_destroy(stream_t handle) {
-  if (error e = enter("cudaStreamDestroy"); e != error::success) return e;
+  if (error e = enter("cudaStreamDestroy"); e != error::success) return failed(e);
   std::shared_ptr<stream> s;
   {
     std::lock_guard lock(mutex_);
     auto it = streams_.find(handle);
-    if (it == streams_.end()) return error::invalid_resource_handle;
-    s = std::move(it->second);
-    streams_.erase(it);
+    if (it != streams_.end()) {
+      s = std::move(it->second);
+      streams_.erase(it);
+    }
+  }
+  if (!s) {
+    return refuse(error::invalid_resource_handle, "cudaStreamDestroy",
+                  "the stream handle names no live stream (destroyed already, never created, "
+                  "or a special handle)",
+                  site::current());
   }
   // Like cudaStreamDestroy, queued work still runs; the thread ends after.
   s.reset();
@@ -106,7 +280,8 @@ error sim_api::stream_destroy(stream_t handle) {
 }
 
 error sim_api::event_create(event_t* handle) {
-  if (error e = enter("cudaEventCreateWithFlags"); e != error::success) return e;
+  if (error e = enter("cudaEventCreateWithFlags"); e != error::success) return failed(e);
+  open_context(sim_current_device);
   auto ev = std::make_shared<event>();
   ev->device = sim_current_device;
   std::lock_guard lock(mutex_);
@@ -116,25 +291,48 @@ error sim_api::event_create(event_t* handle) {
 }
 
 error sim_api::event_destroy(event_t handle) {
-  if (error e = enter("cudaEventDestroy"); e != error::success) return e;
-  std::lock_guard lock(mutex_);
-  return events_.erase(handle) == 1 ? error::success : error::invalid_resource_handle;
+  if (error e = enter("cudaEventDestroy"); e != error::success) return failed(e);
+  bool erased = false;
+  {
+    std::lock_guard lock(mutex_);
+    erased = events_.erase(handle) == 1;
+  }
+  if (!erased) {
+    return refuse(error::invalid_resource_handle, "cudaEventDestroy",
+                  "the event handle names no live event (destroyed already, or never created)",
+                  site::current());
+  }
+  return error::success;
 }
 
-error sim_api::event_record(event_t handle, stream_t stream_handle) {
-  if (error e = enter("cudaEventRecord"); e != error::success) return e;
+error sim_api::event_record(event_t handle, stream_t stream_handle, site where) {
+  if (error e = enter("cudaEventRecord"); e != error::success) return failed(e);
   std::shared_ptr<event> ev = find_event(handle);
   std::shared_ptr<stream> s = find_stream(stream_handle);
-  if (!ev || !s) return error::invalid_resource_handle;
+  if (!ev || !s) {
+    return refuse(error::invalid_resource_handle, "cudaEventRecord",
+                  absl::StrCat("the ", !ev ? "event" : "stream", " handle names no live ",
+                               !ev ? "event" : "stream", " (destroyed, or never created)"),
+                  where);
+  }
+  if (ev->device != s->device) {
+    return refuse(error::invalid_resource_handle, "cudaEventRecord",
+                  absl::StrCat("the event belongs to cuda:", ev->device, " and ", s->name,
+                               " to another device; record an event of the stream's device"),
+                  where);
+  }
+  std::lock_guard order(order_mutex_);
+  order_with_legacy(s);
   std::uint64_t generation = 0;
   {
     std::lock_guard lock(ev->mutex);
     generation = ++ev->recorded;
     ev->pending.insert(generation);
+    if (options_.check_order) ev->clock = checker_.capture(s->agent);
   }
   // Runs in a failed context too: queries report the context's error
   // anyway, and no event stays pending forever once faults are cleared.
-  enqueue_always(s, [ev, generation] {
+  push(*s, [ev, generation] {
     {
       std::lock_guard lock(ev->mutex);
       ev->pending.erase(generation);
@@ -145,50 +343,57 @@ error sim_api::event_record(event_t handle, stream_t stream_handle) {
 }
 
 error sim_api::event_query(event_t handle) {
-  if (error e = enter("cudaEventQuery"); e != error::success) return e;
+  if (error e = enter("cudaEventQuery"); e != error::success) return failed(e);
   std::shared_ptr<event> ev = find_event(handle);
-  if (!ev) return error::invalid_resource_handle;
-  std::lock_guard lock(ev->mutex);
-  return ev->complete(ev->recorded) ? error::success : error::not_ready;
+  if (!ev) {
+    return refuse(error::invalid_resource_handle, "cudaEventQuery",
+                  "the event handle names no live event (destroyed, or never created)",
+                  site::current());
+  }
+  order_checker::clock learned;
+  {
+    std::lock_guard lock(ev->mutex);
+    if (!ev->complete(ev->recorded)) return error::not_ready;
+    learned = ev->clock;
+  }
+  if (options_.check_order) checker_.host_learns(learned);
+  return error::success;
 }
 
-error sim_api::stream_wait_event(stream_t stream_handle, event_t handle) {
-  if (error e = enter("cudaStreamWaitEvent"); e != error::success) return e;
+error sim_api::stream_wait_event(stream_t stream_handle, event_t handle, site where) {
+  if (error e = enter("cudaStreamWaitEvent"); e != error::success) return failed(e);
   std::shared_ptr<event> ev = find_event(handle);
   std::shared_ptr<stream> s = find_stream(stream_handle);
-  if (!ev || !s) return error::invalid_resource_handle;
+  if (!ev || !s) {
+    return refuse(error::invalid_resource_handle, "cudaStreamWaitEvent",
+                  absl::StrCat("the ", !ev ? "event" : "stream", " handle names no live ",
+                               !ev ? "event" : "stream", " (destroyed, or never created)"),
+                  where);
+  }
+  std::lock_guard order(order_mutex_);
+  order_with_legacy(s);
   std::uint64_t generation = 0;
   {
     std::lock_guard lock(ev->mutex);
     generation = ev->recorded;
+    if (options_.check_order) checker_.wait(s->agent, ev->clock);
   }
-  enqueue(s, [this, ev, generation] {
-    std::unique_lock lock(ev->mutex);
-    ev->done.wait(lock, [&] {
-      if (ev->complete(generation)) return true;
-      std::lock_guard sticky(mutex_);
-      return sticky_ != error::success;  // a failed context never completes it
-    });
+  push(*s, [this, ev, generation, since = epoch()] {
+    if (failed_since(since)) return;
+    wait_for_record(
+        ev, ev->mutex, ev->done, [&] { return ev->complete(generation); },
+        [this] { return sticky_error() != error::success; });
   });
   return error::success;
 }
 
-error sim_api::launch_kernel(std::shared_ptr<const device_kernel> kernel, stream_t stream_handle) {
-  if (error e = enter(kernel->name()); e != error::success) return e;
-  std::shared_ptr<stream> s = find_stream(stream_handle);
-  if (!s) return error::invalid_resource_handle;
-  {
-    std::lock_guard lock(mutex_);
-    const pointer_attributes out = locate(kernel->output());
-    if (out.type != memory_type::device || out.device != s->device) return error::invalid_value;
+void sim_api::host_access(const void* pointer, std::uint64_t bytes, host_use use, const char* what,
+                          std::uint64_t owner, site where) {
+  if (!options_.check_order) return;
+  for (std::string& r : checker_.host_access(reinterpret_cast<std::uintptr_t>(pointer), bytes, use,
+                                             {what, site_name(where), owner})) {
+    report(std::move(r));
   }
-  enqueue(s, [this, kernel = std::move(kernel), device = s->device, since = epoch()] {
-    std::shared_lock running(running_);
-    if (failed_since(since)) return;
-    run_copy(device, 2, kernel->output_bytes(), options_.device_to_device_gbps);
-    kernel->simulate();
-  });
-  return error::success;
 }
 
 }  // namespace dlasync::cuda

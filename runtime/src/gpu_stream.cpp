@@ -36,7 +36,7 @@ void when_stream_reaches(runtime& rt, device gpu, std::int64_t stream,
         " names no stream to wait for; use 1 (legacy default), 2 (per-thread default) or a "
         "stream handle")));
   }
-  marker_ptr reached = (*context)->record_producer(gpu, stream);
+  marker_ptr reached = (*context)->record_producer(gpu.ordinal, stream);
   reached->on_complete([done = std::move(done)](absl::Status status) mutable {
     std::move(done)(std::move(status));
   });
@@ -50,7 +50,7 @@ absl::StatusOr<gpu_stream> gpu_stream::create(runtime& rt, dlasync::device gpu) 
   DLASYNC_ASSIGN_OR_RETURN(detail::device_guard on, detail::device_guard::enter(api, gpu.ordinal));
   cuda::stream_t handle = nullptr;
   DLASYNC_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags", gpu.ordinal,
-                               api.stream_create(&handle));
+                               api.stream_create(&handle, cuda::stream_flags::non_blocking));
   return gpu_stream(rt, gpu, handle);
 }
 

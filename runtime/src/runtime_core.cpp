@@ -72,7 +72,9 @@ absl::Status runtime_core::start(const process_topology& topology) {
     o.staging_streams = options_.staging_streams;
     o.staging_chunk_bytes = options_.staging_chunk_bytes;
     o.staging_chunks = options_.staging_chunks;
-    DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o));
+    DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o, [&topology](int ordinal) {
+                               return topology.owns_cuda_ordinal(ordinal);
+                             }));
     serve(*cuda_);
   }
   DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));

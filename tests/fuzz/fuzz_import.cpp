@@ -68,7 +68,9 @@ environment& env() {
     if (api.malloc_host(&out->regions[1], region_bytes) != cuda::error::success) fail("pinned");
     for (int d = 0; d < 2; ++d) {
       api.set_device(d);
-      if (api.stream_create(&out->streams[d]) != cuda::error::success) fail("stream");
+      if (api.stream_create(&out->streams[d], cuda::stream_flags::non_blocking) !=
+          cuda::error::success)
+        fail("stream");
       if (api.malloc_async(&out->regions[2 + d], region_bytes, out->streams[d]) !=
           cuda::error::success) {
         fail("device memory");

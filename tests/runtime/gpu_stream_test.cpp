@@ -12,6 +12,7 @@
 #include "catch2/catch.hpp"
 #include "dlasync/transfer/import.hpp"
 #include "support/runtime_fixture.hpp"
+#include "support/sim_reports.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync {
@@ -121,6 +122,9 @@ TEST_CASE("streams are refused on devices that are no GPU of the runtime",
       *r.rt, gpu0, reinterpret_cast<std::int64_t>(&not_a_stream), asio::use_future);
   require_status(bad.get(), absl::StatusCode::kInternal,
                  {"cudaEventRecord", "cudaErrorInvalidResourceHandle"});
+  // A GPU would not say why; the simulation names the handle (asked for
+  // its device, then recorded on).
+  testing::require_reports(*r.sim, 2, {"cudaErrorInvalidResourceHandle", "names no live stream"});
   r.sim->fail_call("cudaStreamCreateWithFlags", 1, cuda::error::memory_allocation);
   require_status(gpu_stream::create(*r.rt, gpu0).status(), absl::StatusCode::kResourceExhausted,
                  {"cudaStreamCreateWithFlags", "cuda:0"});

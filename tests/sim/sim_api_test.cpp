@@ -8,6 +8,7 @@
 
 #include "catch2/catch.hpp"
 #include "support/runtime_fixture.hpp"
+#include "support/sim_reports.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::cuda {
@@ -18,7 +19,7 @@ using namespace std::chrono_literals;
 stream_t new_stream(sim_api& sim, int device = 0) {
   REQUIRE(sim.set_device(device) == error::success);
   stream_t s = nullptr;
-  REQUIRE(sim.stream_create(&s) == error::success);
+  REQUIRE(sim.stream_create(&s, stream_flags::non_blocking) == error::success);
   return s;
 }
 
@@ -75,9 +76,11 @@ TEST_CASE("a stream waits for another stream's event, across devices", "[cuda][s
     step = 1;
   });
   event_t e = nullptr;
-  sim.event_create(&e);
-  sim.event_record(e, producer);
-  sim.stream_wait_event(consumer, e);
+  REQUIRE(sim.set_device(0) == error::success);  // an event of the producer's device
+  REQUIRE(sim.event_create(&e) == error::success);
+  REQUIRE(sim.event_record(e, producer) == error::success);
+  REQUIRE(sim.set_device(1) == error::success);
+  REQUIRE(sim.stream_wait_event(consumer, e) == error::success);
   int seen = -1;
   sim.launch_host_func(consumer, [&] { seen = step.load(); });
   event_t done = nullptr;
@@ -160,6 +163,11 @@ TEST_CASE("pageable copies hold the caller, pinned copies do not", "[cuda][sim]"
   CHECK(st.async_copies == 1);
   CHECK(sim.memcpy_async(device, pinned, 64, memcpy_kind::device_to_host, s) ==
         error::invalid_value);  // the kind contradicts the pointers
+  testing::require_reports(sim, 1,
+                           {"rule: cudaMemcpyAsync", "cudaErrorInvalidValue",
+                            "the kind says device to host", "host to device"});
+  CHECK(sim.get_last_error() == error::invalid_value);
+  CHECK(sim.get_last_error() == error::success);
   sim.free_async(device, s);
   sim.free_host(pinned);
   sim.event_destroy(e);
@@ -248,7 +256,11 @@ struct fill_kernel final : device_kernel {
   void* output() const noexcept override { return out_; }
   std::uint64_t output_bytes() const noexcept override { return n_; }
   error launch(stream_t) const override { return error::unknown; }  // never on a simulation
-  void simulate() const override { std::memset(out_, v_, n_); }
+  std::vector<memory_range> inputs() const override { return {}; }
+  error simulate() const override {
+    std::memset(out_, v_, n_);
+    return error::success;
+  }
   void* out_;
   std::size_t n_;
   unsigned char v_;
@@ -277,8 +289,11 @@ TEST_CASE("simulated kernels run in stream order, on memory of the stream's devi
   // Output in host memory, or on another GPU, is refused.
   unsigned char host[4] = {};
   CHECK(sim.launch_kernel(std::make_shared<fill_kernel>(host, 4, 1), s) == error::invalid_value);
+  testing::require_reports(sim, 1, {"fillKernel", "is not live device memory of cuda:0"});
   stream_t other = new_stream(sim, 1);
   CHECK(sim.launch_kernel(std::make_shared<fill_kernel>(out, 4, 1), other) == error::invalid_value);
+  testing::require_reports(sim, 1, {"fillKernel", "is not live device memory of cuda:1"});
+  REQUIRE(sim.set_device(0) == error::success);
   // A planned failure names the kernel like any call.
   sim.fail_call("fillKernel", 1, error::launch_failure);
   CHECK(sim.launch_kernel(std::make_shared<fill_kernel>(out, 4, 1), s) == error::launch_failure);

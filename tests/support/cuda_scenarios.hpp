@@ -240,7 +240,7 @@ inline void scenario_producer_stream(
   device_memory mem(api, device_ordinal, stale.data(), stale.size() * 4);
   REQUIRE(api.set_device(device_ordinal) == cuda::error::success);
   cuda::stream_t producer = nullptr;
-  REQUIRE(api.stream_create(&producer) == cuda::error::success);
+  REQUIRE(api.stream_create(&producer, cuda::stream_flags::non_blocking) == cuda::error::success);
   for (const bool to_host : {true, false}) {
     INFO((to_host ? "copy to the host" : "view"));
     delayed_write(producer, mem.data, to_host ? fresh : stale);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,17 @@ struct unfreed_memory {
 // The source memory of a path and its element values, 0, 1, 2, ...; freed
 // at once on destruction (cudaFree, not stream-ordered), so that a copy
 // that still reads it afterwards shows under ASan.
+// Waits on the host until `s` (of the current device) has run its work.
+inline void synchronize(cuda::sim_api& sim, cuda::stream_t s) {
+  cuda::event_t e = nullptr;
+  REQUIRE(sim.event_create(&e) == cuda::error::success);
+  REQUIRE(sim.event_record(e, s) == cuda::error::success);
+  cuda::error done = sim.event_query(e);
+  for (; done == cuda::error::not_ready; done = sim.event_query(e)) std::this_thread::yield();
+  REQUIRE(done == cuda::error::success);
+  REQUIRE(sim.event_destroy(e) == cuda::error::success);
+}
+
 struct source_memory {
   cuda::sim_api& sim;
   std::shared_ptr<unfreed_memory> unfreed;
@@ -127,6 +139,9 @@ struct source_memory {
       default:
         sim.set_device(where.ordinal);
         REQUIRE(sim.malloc_async(&data, bytes, legacy_stream()) == cuda::error::success);
+        // Stream-ordered memory is usable on other streams once they are
+        // ordered after the allocation: here, once the host has seen it.
+        synchronize(sim, legacy_stream());
         std::memcpy(data, values.data(), bytes);  // simulated device memory is host memory
         break;
     }

@@ -60,11 +60,13 @@ struct world {
     rt = std::move(r.rt);
     if (p.producer_stream) {
       sim->set_device(p.source.ordinal);
-      REQUIRE(sim->stream_create(&producer) == cuda::error::success);
+      REQUIRE(sim->stream_create(&producer, cuda::stream_flags::non_blocking) ==
+              cuda::error::success);
     }
     if (p.consumer_stream) {
       sim->set_device(0);
-      REQUIRE(sim->stream_create(&consumer) == cuda::error::success);
+      REQUIRE(sim->stream_create(&consumer, cuda::stream_flags::non_blocking) ==
+              cuda::error::success);
     }
   }
 
@@ -115,9 +117,9 @@ struct world {
   // resume): they are retried; a failed context is returned.
   cuda::error sync_consumer() {
     for (int attempt = 0;; ++attempt) {
-      sim->set_device(0);
+      cuda::error err = sim->set_device(0);
       cuda::event_t e = nullptr;
-      cuda::error err = sim->event_create(&e);
+      if (err == cuda::error::success) err = sim->event_create(&e);
       if (err == cuda::error::success) {
         err = sim->event_record(e, consumer);
         while (err == cuda::error::success) {

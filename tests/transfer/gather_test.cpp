@@ -7,6 +7,7 @@
 #include "catch2/catch.hpp"
 #include "runtime/sim/sim_api.hpp"
 #include "support/runtime_fixture.hpp"
+#include "support/sim_reports.hpp"
 
 namespace dlasync::cuda {
 
@@ -14,7 +15,7 @@ TEST_CASE("the gather kernel compacts device tensors on a simulated GPU", "[cuda
   sim_api sim;
   REQUIRE(sim.set_device(0) == error::success);
   stream_t s = nullptr;
-  REQUIRE(sim.stream_create(&s) == error::success);
+  REQUIRE(sim.stream_create(&s, stream_flags::non_blocking) == error::success);
   void* src = nullptr;
   void* dst = nullptr;
   REQUIRE(sim.malloc_async(&src, 6 * sizeof(int), s) == error::success);
@@ -29,6 +30,7 @@ TEST_CASE("the gather kernel compacts device tensors on a simulated GPU", "[cuda
   CHECK(std::memcmp(dst, want, sizeof want) == 0);
   int host = 0;
   CHECK(dlasync::detail::launch_gather(sim, &host, src, {4, {1}, {1}}, s) == error::invalid_value);
+  testing::require_reports(sim, 1, {"dlasyncGatherKernel", "is not live device memory"});
   sim.free_async(src, s);
   sim.free_async(dst, s);
   sim.event_destroy(e);

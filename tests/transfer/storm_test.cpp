@@ -87,11 +87,12 @@ round_totals storm_round(std::uint32_t seed, int imports) {
   cuda::stream_t producers[2] = {nullptr, nullptr};
   for (int d = 0; d < 2; ++d) {
     sim->set_device(d);
-    REQUIRE(sim->stream_create(&producers[d]) == cuda::error::success);
+    REQUIRE(sim->stream_create(&producers[d], cuda::stream_flags::non_blocking) ==
+            cuda::error::success);
   }
   cuda::stream_t consumer = nullptr;
   sim->set_device(0);
-  REQUIRE(sim->stream_create(&consumer) == cuda::error::success);
+  REQUIRE(sim->stream_create(&consumer, cuda::stream_flags::non_blocking) == cuda::error::success);
 
   // Handlers and cancellations run on one thread of their own: a
   // cancellation signal is emitted where its handler's slot is cleared.

@@ -47,6 +47,8 @@ void chunk_pool::take(grant_fn granted) {
 }
 
 void chunk_pool::give(void* chunk) {
+  // The simulation checks that no copy still reads or writes the chunk.
+  api_.host_access(chunk, bytes_, cuda::host_use::release, "a staging chunk goes back to the pool");
   grant_fn next;
   {
     std::lock_guard lock(mutex_);

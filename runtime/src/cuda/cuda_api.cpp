@@ -20,6 +20,9 @@ std::string error_name(error e) {
     case error::invalid_resource_handle: return "cudaErrorInvalidResourceHandle";
     case error::not_ready: return "cudaErrorNotReady";
     case error::illegal_address: return "cudaErrorIllegalAddress";
+    case error::peer_access_already_enabled: return "cudaErrorPeerAccessAlreadyEnabled";
+    case error::peer_access_not_enabled: return "cudaErrorPeerAccessNotEnabled";
+    case error::misaligned_address: return "cudaErrorMisalignedAddress";
     case error::launch_failure: return "cudaErrorLaunchFailure";
     case error::peer_access_unsupported: return "cudaErrorPeerAccessUnsupported";
     case error::unknown: return "cudaErrorUnknown";

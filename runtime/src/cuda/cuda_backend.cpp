@@ -5,22 +5,38 @@
 
 namespace dlasync::detail {
 
-absl::StatusOr<std::unique_ptr<cuda_backend>> cuda_backend::create(std::shared_ptr<cuda::api> api,
-                                                                   cuda_options options) {
+absl::StatusOr<std::unique_ptr<cuda_backend>> cuda_backend::create(
+    std::shared_ptr<cuda::api> api, cuda_options options, const std::function<bool(int)>& owns) {
   int count = 0;
   DLASYNC_CUDA_RETURN_IF_ERROR("cudaGetDeviceCount", -1, api->get_device_count(&count));
+  std::vector<bool> served(static_cast<std::size_t>(count));
+  for (int d = 0; d < count; ++d) served[static_cast<std::size_t>(d)] = owns(d);
   for (int d = 0; d < count; ++d) {
     for (int peer = 0; peer < count; ++peer) {
+      if (peer == d || !served[static_cast<std::size_t>(d)] ||
+          !served[static_cast<std::size_t>(peer)]) {
+        continue;
+      }
       int can = 0;
-      if (peer != d && api->device_can_access_peer(&can, d, peer) == cuda::error::success && can) {
-        absl::StatusOr<device_guard> on = device_guard::enter(*api, d);
-        // Best effort: copies between GPUs work without peer access.
-        if (on.ok()) (void)api->device_enable_peer_access(peer);
+      if (api->device_can_access_peer(&can, d, peer) != cuda::error::success || can == 0) continue;
+      // Best effort: copies between GPUs work without peer access. Memory
+      // of d's stream-ordered pool reaches `peer` only with pool access
+      // (the pool does not follow peer access), which strided peer copies
+      // and copies of imported tensors need.
+      absl::StatusOr<device_guard> on = device_guard::enter(*api, d);
+      if (!on.ok()) continue;
+      if (api->device_enable_peer_access(peer) == cuda::error::peer_access_already_enabled) {
+        // Enabled before (by the caller, or another runtime): not an error,
+        // and it must not linger as this thread's last error.
+        (void)api->get_last_error();
+      }
+      if (api->mem_pool_set_access(d, peer) != cuda::error::success) {
+        (void)api->get_last_error();
       }
     }
   }
   DLASYNC_ASSIGN_OR_RETURN(std::shared_ptr<cuda_context> context,
-                           cuda_context::create(std::move(api), options, count));
+                           cuda_context::create(std::move(api), options, served));
   return std::unique_ptr<cuda_backend>(new cuda_backend(std::move(context)));
 }
 

@@ -5,6 +5,7 @@
 // context that GPU transfers (transfer/src/copy/) run on.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -17,10 +18,13 @@ namespace dlasync::detail {
 
 class cuda_backend final : public backend {
  public:
-  // Discovers the GPUs of `api`, enables peer access between them where it
-  // can, and creates their streams.
+  // Discovers the GPUs of `api` and serves those `owns` says this process
+  // owns: only their contexts are opened, peer and pool access are granted
+  // only between them (where the devices allow it), and only they get
+  // streams. The caller's current device is left as it was.
   static absl::StatusOr<std::unique_ptr<cuda_backend>> create(std::shared_ptr<cuda::api> api,
-                                                              cuda_options options);
+                                                              cuda_options options,
+                                                              const std::function<bool(int)>& owns);
   ~cuda_backend() override;
 
   const char* name() const noexcept override;

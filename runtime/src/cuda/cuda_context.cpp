@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "dlasync/runtime/dlpack_stream.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
+#include "runtime/src/planted.hpp"
 #include "runtime/src/status_macros.hpp"
 
 namespace dlasync::detail {
@@ -19,9 +20,9 @@ constexpr int drain_record_attempts = 3;
 cuda_context::cuda_context(std::shared_ptr<cuda::api> api, cuda_options options)
     : api_(std::move(api)), options_(options) {}
 
-absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(std::shared_ptr<cuda::api> api,
-                                                                   cuda_options options,
-                                                                   int devices) {
+absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
+    std::shared_ptr<cuda::api> api, cuda_options options, const std::vector<bool>& served) {
+  const int devices = static_cast<int>(served.size());
   // The last reference may drop inside a reactor callback (a pipeline that
   // outlives the runtime by a moment): then the context, which joins the
   // reactor thread, is destroyed on a thread of its own.
@@ -35,7 +36,7 @@ absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(std::shared_p
                                         });
   cuda::api& a = *context->api_;
   absl::StatusOr<stream_pool> streams =
-      stream_pool::create(a, devices, options.streams_per_device, options.staging_streams);
+      stream_pool::create(a, served, options.streams_per_device, options.staging_streams);
   if (!streams.ok()) return streams.status();
   context->streams_.emplace(*std::move(streams));
   context->events_ = std::make_unique<event_pool>(a, devices);
@@ -57,7 +58,7 @@ cuda_context::~cuda_context() {
   }
 }
 
-marker_ptr cuda_context::record(int device, cuda::stream_t s) {
+marker_ptr cuda_context::record(int device, cuda::stream_t s, cuda::api::site where) {
   absl::StatusOr<cuda::event_t> e = events_->take(device);
   if (!e.ok()) return done_marker(e.status());
   cuda::error err = cuda::error::success;
@@ -67,7 +68,7 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s) {
       events_->give(device, *e);
       return done_marker(on.status());
     }
-    err = api_->event_record(*e, s);
+    err = api_->event_record(*e, s, where);
   }
   if (err != cuda::error::success) {
     events_->give(device, *e);
@@ -89,7 +90,7 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s) {
 }
 
 bool cuda_context::wait_for(int device, cuda::stream_t s, const completion_marker* m,
-                            absl::Status& status) {
+                            absl::Status& status, cuda::api::site where) {
   std::lock_guard lock(live_mutex_);  // the event is not recycled meanwhile
   auto it = live_.find(m);
   if (it == live_.end()) return false;
@@ -98,31 +99,46 @@ bool cuda_context::wait_for(int device, cuda::stream_t s, const completion_marke
     status = on.status();
     return true;
   }
-  if (const cuda::error err = api_->stream_wait_event(s, it->second.event);
+  if (const cuda::error err = api_->stream_wait_event(s, it->second.event, where);
       err != cuda::error::success) {
     status = cuda::to_status(err, "cudaStreamWaitEvent", device);
   }
   return true;
 }
 
-absl::Status cuda_context::order_after(int device, cuda::stream_t waiter,
-                                       cuda::stream_t signaller) {
+absl::Status cuda_context::order_after(int waiter_device, cuda::stream_t waiter,
+                                       int signaller_device, cuda::stream_t signaller,
+                                       cuda::api::site where) {
+  const int device =
+      planted_mistake(planted::event_of_waiter_device) ? waiter_device : signaller_device;
   DLASYNC_ASSIGN_OR_RETURN(cuda::event_t e, events_->take(device));
   cuda::error rec = cuda::error::success;
   cuda::error wait = cuda::error::success;
   {
-    absl::StatusOr<device_guard> on = device_guard::enter(*api_, device);
-    if (!on.ok()) {
+    // Each call with its stream's device current: the special handles (1,
+    // 2) name streams of the current device.
+    absl::StatusOr<device_guard> on = device_guard::enter(*api_, signaller_device);
+    if (on.ok()) {
+      rec = api_->event_record(e, signaller, where);
+      absl::StatusOr<device_guard> there = device_guard::enter(*api_, waiter_device);
+      if (!there.ok()) {
+        events_->give(device, e);
+        return there.status();
+      }
+      if (rec == cuda::error::success) wait = api_->stream_wait_event(waiter, e, where);
+    } else {
       events_->give(device, e);
       return on.status();
     }
-    rec = api_->event_record(e, signaller);
-    wait = rec == cuda::error::success ? api_->stream_wait_event(waiter, e) : rec;
   }
   // A wait captures the event as recorded: the event can be reused now.
   events_->give(device, e);
-  if (rec != cuda::error::success) return cuda::to_status(rec, "cudaEventRecord", device);
-  if (wait != cuda::error::success) return cuda::to_status(wait, "cudaStreamWaitEvent", device);
+  if (rec != cuda::error::success) {
+    return cuda::to_status(rec, "cudaEventRecord", signaller_device);
+  }
+  if (wait != cuda::error::success) {
+    return cuda::to_status(wait, "cudaStreamWaitEvent", waiter_device);
+  }
   return absl::OkStatus();
 }
 
@@ -147,13 +163,14 @@ void cuda_context::drain(const std::vector<device_stream>& streams, std::functio
   }
 }
 
-absl::Status cuda_context::release_memory(int device, void* p, cuda::stream_t s) {
+absl::Status cuda_context::release_memory(int device, void* p, cuda::stream_t s,
+                                          cuda::api::site where) {
   absl::Status status;
   {
     absl::StatusOr<device_guard> on = device_guard::enter(*api_, device);
     if (!on.ok()) {
       status = on.status();
-    } else if (const cuda::error e = api_->free_async(p, s); e != cuda::error::success) {
+    } else if (const cuda::error e = api_->free_async(p, s, where); e != cuda::error::success) {
       status = cuda::to_status(e, "cudaFreeAsync", device);
     }
   }
@@ -164,9 +181,21 @@ absl::Status cuda_context::release_memory(int device, void* p, cuda::stream_t s)
   return status;
 }
 
-marker_ptr cuda_context::record_producer(device d, std::int64_t producer_stream) {
+marker_ptr cuda_context::record_producer(int gpu, std::int64_t producer_stream) {
   if (producer_stream == stream_no_sync) return done_marker(absl::OkStatus());
-  return record(d.ordinal, cuda::stream_from_dlpack(producer_stream));
+  const cuda::stream_t s = cuda::stream_from_dlpack(producer_stream);
+  int device = gpu;
+  if (producer_stream != stream_legacy_default && producer_stream != stream_per_thread_default) {
+    // A stream of another GPU than the tensor's is recorded with an event
+    // of its own device.
+    absl::StatusOr<device_guard> on = device_guard::enter(*api_, gpu);
+    int owner = -1;
+    if (on.ok() && api_->stream_get_device(s, &owner) == cuda::error::success && owner >= 0 &&
+        owner < device_count()) {
+      device = owner;
+    }
+  }
+  return record(device, s);
 }
 
 absl::Status cuda_context::order_consumer(device d, std::int64_t consumer_stream,

@@ -47,9 +47,11 @@ using device_stream = std::pair<int, cuda::stream_t>;
 
 class cuda_context {
  public:
-  // Creates the streams of `devices` GPUs and starts the reactor.
+  // Creates the streams of the GPUs `served` marks (of all the process
+  // sees) and starts the reactor.
   static absl::StatusOr<std::shared_ptr<cuda_context>> create(std::shared_ptr<cuda::api> api,
-                                                              cuda_options options, int devices);
+                                                              cuda_options options,
+                                                              const std::vector<bool>& served);
   cuda_context(const cuda_context&) = delete;
   cuda_context& operator=(const cuda_context&) = delete;
   ~cuda_context();
@@ -65,15 +67,22 @@ class cuda_context {
 
   // A marker for everything enqueued on `s` (of `device`) so far. A marker
   // that could not be recorded is returned completed, with the error.
-  marker_ptr record(int device, cuda::stream_t s);
+  marker_ptr record(int device, cuda::stream_t s,
+                    cuda::api::site where = cuda::api::site::current());
 
   // Makes `s` wait on the device for `m`, a marker of this context still
   // pending. Returns false when `m` is not one (or no longer pending);
   // `status` receives the error of the wait.
-  bool wait_for(int device, cuda::stream_t s, const completion_marker* m, absl::Status& status);
+  bool wait_for(int device, cuda::stream_t s, const completion_marker* m, absl::Status& status,
+                cuda::api::site where = cuda::api::site::current());
 
-  // Makes `waiter` hold until `signaller` reaches this point; no host wait.
-  absl::Status order_after(int device, cuda::stream_t waiter, cuda::stream_t signaller);
+  // Makes `waiter` (a stream of `waiter_device`) hold until `signaller` (of
+  // `signaller_device`) reaches this point; no host wait. The event is one
+  // of the signaller's device: CUDA refuses to record an event on a stream
+  // of another device.
+  absl::Status order_after(int waiter_device, cuda::stream_t waiter, int signaller_device,
+                           cuda::stream_t signaller,
+                           cuda::api::site where = cuda::api::site::current());
 
   // Calls `done` once everything enqueued so far on `streams` has run, or
   // never will run (a failed context). Error paths call it before they
@@ -84,12 +93,16 @@ class cuda_context {
 
   // Frees stream-ordered device memory on `s`. Memory whose free fails (a
   // failed call or context) is freed again at teardown instead of lost.
-  absl::Status release_memory(int device, void* p, cuda::stream_t s);
+  absl::Status release_memory(int device, void* p, cuda::stream_t s,
+                              cuda::api::site where = cuda::api::site::current());
 
   // A marker that completes when the producer's stream `producer_stream`
-  // (DLPack encoding) on GPU `d` reaches the point of this call; completed
-  // at once for stream_no_sync.
-  marker_ptr record_producer(device d, std::int64_t producer_stream);
+  // (DLPack encoding) reaches the point of this call; completed at once for
+  // stream_no_sync. The special handles (1, 2) name streams of GPU `gpu` as
+  // the calling thread sees them: 2 is this thread's own, so the call must
+  // be made on the thread that calls the import. A stream handle is asked
+  // for its own device.
+  marker_ptr record_producer(int gpu, std::int64_t producer_stream);
 
   // Makes the caller's stream `consumer_stream` (DLPack encoding) of GPU
   // `d` wait on the device for `m`. Unimplemented when `m` is no pending

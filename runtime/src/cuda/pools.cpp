@@ -5,16 +5,19 @@
 
 namespace dlasync::detail {
 
-absl::StatusOr<stream_pool> stream_pool::create(cuda::api& api, int devices, int streams,
-                                                int staging) {
+absl::StatusOr<stream_pool> stream_pool::create(cuda::api& api, const std::vector<bool>& served,
+                                                int streams, int staging) {
   stream_pool pool(api);
+  const int devices = static_cast<int>(served.size());
   pool.devices_.resize(static_cast<std::size_t>(devices));
   for (int d = 0; d < devices; ++d) {
+    if (!served[static_cast<std::size_t>(d)]) continue;
     DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, d));
     per_device& mine = pool.devices_[static_cast<std::size_t>(d)];
     for (int i = 0; i < streams + staging; ++i) {
       cuda::stream_t s = nullptr;
-      DLASYNC_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags", d, api.stream_create(&s));
+      DLASYNC_CUDA_RETURN_IF_ERROR("cudaStreamCreateWithFlags", d,
+                                   api.stream_create(&s, cuda::stream_flags::non_blocking));
       (i < streams ? mine.streams : mine.staging).push_back(s);
     }
   }
@@ -23,6 +26,7 @@ absl::StatusOr<stream_pool> stream_pool::create(cuda::api& api, int devices, int
 
 stream_pool::~stream_pool() {
   for (std::size_t d = 0; d < devices_.size(); ++d) {
+    if (devices_[d].streams.empty() && devices_[d].staging.empty()) continue;
     absl::StatusOr<device_guard> on = device_guard::enter(*api_, static_cast<int>(d));
     if (!on.ok()) continue;  // a failed context: its streams went with it
     for (cuda::stream_t s : devices_[d].streams) (void)api_->stream_destroy(s);
@@ -41,6 +45,7 @@ const std::vector<cuda::stream_t>& stream_pool::staging(int device) const {
 
 event_pool::~event_pool() {
   for (std::size_t d = 0; d < free_.size(); ++d) {
+    if (free_[d].empty()) continue;
     absl::StatusOr<device_guard> on = device_guard::enter(api_, static_cast<int>(d));
     if (!on.ok()) continue;
     for (cuda::event_t e : free_[d]) (void)api_.event_destroy(e);

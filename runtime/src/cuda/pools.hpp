@@ -22,10 +22,12 @@ namespace dlasync::detail {
 
 class stream_pool {
  public:
-  // `streams` import streams and `staging` staging streams on each of
-  // `devices` GPUs; the error of the first call that fails. The streams
-  // created before a failure are destroyed.
-  static absl::StatusOr<stream_pool> create(cuda::api& api, int devices, int streams, int staging);
+  // `streams` import streams and `staging` staging streams on each GPU that
+  // `served` marks (the others are left alone: no context is opened on
+  // them); the error of the first call that fails. The streams created
+  // before a failure are destroyed.
+  static absl::StatusOr<stream_pool> create(cuda::api& api, const std::vector<bool>& served,
+                                            int streams, int staging);
 
   stream_pool(stream_pool&&) noexcept = default;
   stream_pool& operator=(stream_pool&&) noexcept = default;

@@ -72,10 +72,12 @@ void reactor::poll() {
         }
       }
       progressed = true;
-      events_.give(w.device, w.event);
       w.done(w.first_error == cuda::error::success
                  ? absl::OkStatus()
                  : cuda::to_status(w.first_error, "a stream operation (cudaEventQuery)", w.device));
+      // Only now: until its marker completed, a stream wait may still take
+      // this event for the marker's (cuda_context::wait_for).
+      events_.give(w.device, w.event);
     }
     {
       std::lock_guard lock(mutex_);

@@ -66,46 +66,77 @@ class real_api final : public api {
     }
     return as_error(e);
   }
-  error stream_create(stream_t* s) override {
+  error stream_create(stream_t* s, stream_flags flags) override {
     cudaStream_t out = nullptr;
-    const cudaError_t e = cudaStreamCreateWithFlags(&out, cudaStreamNonBlocking);
+    const cudaError_t e = cudaStreamCreateWithFlags(
+        &out, flags == stream_flags::non_blocking ? cudaStreamNonBlocking : cudaStreamDefault);
     *s = out;
     return as_error(e);
   }
-  error stream_destroy(stream_t s) override { return as_error(cudaStreamDestroy(as_stream(s))); }
+  error stream_get_device(stream_t s, int* device) override {
+#if CUDART_VERSION >= 12080
+    return as_error(cudaStreamGetDevice(as_stream(s), device));
+#else
+    (void)s;
+    (void)device;
+    return as_error(cudaErrorNotSupported);
+#endif
+  }
+  error stream_destroy(stream_t s) override {
+    return as_error(cudaStreamDestroy(as_stream(s)));
+  }
   error event_create(event_t* ev) override {
     cudaEvent_t out = nullptr;
     const cudaError_t e = cudaEventCreateWithFlags(&out, cudaEventDisableTiming);
     *ev = out;
     return as_error(e);
   }
-  error event_destroy(event_t ev) override { return as_error(cudaEventDestroy(as_event(ev))); }
-  error event_record(event_t ev, stream_t s) override {
+  error event_destroy(event_t ev) override {
+    return as_error(cudaEventDestroy(as_event(ev)));
+  }
+  error event_record(event_t ev, stream_t s, site) override {
     return as_error(cudaEventRecord(as_event(ev), as_stream(s)));
   }
-  error event_query(event_t ev) override { return as_error(cudaEventQuery(as_event(ev))); }
-  error stream_wait_event(stream_t s, event_t ev) override {
+  error event_query(event_t ev) override {
+    return as_error(cudaEventQuery(as_event(ev)));
+  }
+  error stream_wait_event(stream_t s, event_t ev, site) override {
     return as_error(cudaStreamWaitEvent(as_stream(s), as_event(ev), 0));
   }
   error malloc_device(void** p, std::size_t bytes) override {
     return as_error(cudaMalloc(p, bytes));
   }
-  error malloc_async(void** p, std::size_t bytes, stream_t s) override {
+  error malloc_async(void** p, std::size_t bytes, stream_t s, site) override {
     return as_error(cudaMallocAsync(p, bytes, as_stream(s)));
   }
-  error free_async(void* p, stream_t s) override {
+  error mem_pool_set_access(int device, int peer) override {
+    cudaMemPool_t pool = nullptr;
+    if (cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, device); e != cudaSuccess) {
+      return as_error(e);
+    }
+    cudaMemAccessDesc access{};
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = peer;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    return as_error(cudaMemPoolSetAccess(pool, &access, 1));
+  }
+  error free_async(void* p, stream_t s, site) override {
     return as_error(cudaFreeAsync(p, as_stream(s)));
   }
   error malloc_host(void** p, std::size_t bytes) override {
     return as_error(cudaMallocHost(p, bytes));
   }
-  error free_host(void* p) override { return as_error(cudaFreeHost(p)); }
+  error free_host(void* p) override {
+    return as_error(cudaFreeHost(p));
+  }
   error malloc_managed(void** p, std::size_t bytes) override {
     return as_error(cudaMallocManaged(p, bytes, cudaMemAttachGlobal));
   }
-  error free_device(void* p) override { return as_error(cudaFree(p)); }
-  error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind,
-                     stream_t s) override {
+  error free_device(void* p) override {
+    return as_error(cudaFree(p));
+  }
+  error memcpy_async(void* dst, const void* src, std::size_t bytes, memcpy_kind kind, stream_t s,
+                     site) override {
     return as_error(cudaMemcpyAsync(dst, src, bytes, as_kind(kind), as_stream(s)));
   }
   error pointer_get_attributes(pointer_attributes* a, const void* p) override {
@@ -121,7 +152,7 @@ class real_api final : public api {
     a->device = attr.device;
     return error::success;
   }
-  error launch_host_func(stream_t s, std::function<void()> fn) override {
+  error launch_host_func(stream_t s, std::function<void()> fn, site) override {
     auto* call = new std::function<void()>(std::move(fn));
     const cudaError_t e = cudaLaunchHostFunc(
         as_stream(s),
@@ -133,9 +164,15 @@ class real_api final : public api {
     if (e != cudaSuccess) delete call;  // never enqueued
     return as_error(e);
   }
-  error launch_kernel(std::shared_ptr<const device_kernel> kernel, stream_t s) override {
+  error launch_kernel(std::shared_ptr<const device_kernel> kernel, stream_t s, site) override {
     // The launch copies the kernel's parameters: the object may go after.
     return kernel->launch(s);
+  }
+  error get_last_error() override {
+    return as_error(cudaGetLastError());
+  }
+  error peek_at_last_error() override {
+    return as_error(cudaPeekAtLastError());
   }
 };
 

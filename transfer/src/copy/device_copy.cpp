@@ -1,9 +1,11 @@
 #include "transfer/src/copy/device_copy.hpp"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "runtime/src/cuda/device_guard.hpp"
+#include "runtime/src/planted.hpp"
 #include "runtime/src/status_macros.hpp"
 #include "transfer/src/copy/gather.hpp"
 #include "transfer/src/copy/staging_pipeline.hpp"
@@ -11,15 +13,16 @@
 namespace dlasync::detail {
 namespace {
 
-// Orders `stream` (of `device`) after the producer's stream, on the device:
-// the stream of the source's GPU, or for pinned host memory one of the GPU
-// that copies.
+// Orders `stream` (of `device`) after the point of the producer's stream
+// that the import recorded when it was called, on the device. A marker
+// that completed already needs no wait: the host has seen the producer get
+// there (or the recording failed, which is the error).
 absl::Status follow_producer(cuda_context& ctx, const copy_request& r, int device,
                              cuda::stream_t stream) {
-  if (r.producer_stream == stream_no_sync) return absl::OkStatus();
-  const cuda::stream_t producer = cuda::stream_from_dlpack(r.producer_stream);
-  const int producer_device = is_gpu_memory(r.source.kind) ? r.source.ordinal : device;
-  return ctx.order_after(producer_device, stream, producer);
+  if (!r.produced || planted_mistake(planted::skip_producer_wait)) return absl::OkStatus();
+  absl::Status status;
+  if (ctx.wait_for(device, stream, r.produced.get(), status)) return status;
+  return failed_at_once(r.produced);
 }
 
 // Where a GPU path runs: stream `s` of the CUDA context, ordered after the
@@ -43,55 +46,75 @@ path_stream enter_stream(runtime_core& core, stream_ref s, const copy_request& r
   return on;
 }
 
-// A strided source on another GPU: compacted there into a temporary, then
-// copied across on `stream`; the temporary is freed after the copy.
-absl::Status compact_then_copy(cuda_context& ctx, const copy_request& r, int device,
-                               cuda::stream_t stream, int index) {
+// Launches the gather on `stream`, with its device current.
+absl::Status gather_on(cuda::api& api, int device, void* dst, const copy_request& r,
+                       cuda::stream_t stream) {
+  std::optional<device_guard> on;
+  if (!planted_mistake(planted::launch_off_device)) {
+    absl::StatusOr<device_guard> entered = device_guard::enter(api, device);
+    if (!entered.ok()) return entered.status();
+    on.emplace(*std::move(entered));
+  }
+  DLASYNC_CUDA_RETURN_IF_ERROR("dlasync gather kernel", device,
+                               launch_gather(api, dst, r.from, r.layout, stream));
+  return absl::OkStatus();
+}
+
+// A strided source on another GPU: compacted there into a temporary on
+// stream `there`, then copied across on `stream` (of `device`); the
+// temporary is freed on `there` once the copy has read it, on every path.
+absl::Status compact_then_copy(const std::shared_ptr<cuda_context>& context, const copy_request& r,
+                               int device, cuda::stream_t stream, int index) {
+  cuda_context& ctx = *context;
   cuda::api& api = ctx.api();
   const int source_device = r.source.ordinal;
   cuda::stream_t there = ctx.stream(source_device, index);
   void* temp = nullptr;
   absl::Status st = [&]() -> absl::Status {
-    DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, source_device));
-    DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocAsync", source_device,
-                                 api.malloc_async(&temp, r.bytes, there));
-    DLASYNC_RETURN_IF_ERROR(ctx.order_after(source_device, there, stream));
-    DLASYNC_CUDA_RETURN_IF_ERROR("dlasync gather kernel", source_device,
-                                 launch_gather(api, temp, r.from, r.layout, there));
-    return ctx.order_after(source_device, stream, there);
+    {
+      DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, source_device));
+      DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocAsync", source_device,
+                                   api.malloc_async(&temp, r.bytes, there));
+    }
+    // The gather reads the source once the producer got there.
+    DLASYNC_RETURN_IF_ERROR(ctx.order_after(source_device, there, device, stream));
+    DLASYNC_RETURN_IF_ERROR(gather_on(api, source_device, temp, r, there));
+    DLASYNC_RETURN_IF_ERROR(ctx.order_after(device, stream, source_device, there));
+    DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, device));
+    DLASYNC_CUDA_RETURN_IF_ERROR(
+        "cudaMemcpyAsync", device,
+        api.memcpy_async(r.to, temp, r.bytes, cuda::memcpy_kind::any, stream));
+    return absl::OkStatus();
   }();
-  if (st.ok()) {
-    const cuda::error copied =
-        api.memcpy_async(r.to, temp, r.bytes, cuda::memcpy_kind::any, stream);
-    if (copied != cuda::error::success) st = cuda::to_status(copied, "cudaMemcpyAsync", device);
+  if (temp == nullptr) return st;
+  // The free follows whatever reads the temporary on `stream`; when that
+  // ordering fails, draining both streams first keeps the free safe.
+  absl::Status ordered = planted_mistake(planted::early_temporary_free)
+                             ? absl::OkStatus()
+                             : ctx.order_after(source_device, there, device, stream);
+  if (ordered.ok()) {
+    absl::Status freed = ctx.release_memory(source_device, temp, there);
+    return st.ok() ? freed : st;
   }
-  if (!st.ok()) {
-    // Whatever was enqueued on `there` is ordered before the free.
-    if (temp != nullptr) (void)ctx.release_memory(source_device, temp, there);
-    return st;
-  }
-  DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, source_device));
-  DLASYNC_RETURN_IF_ERROR(ctx.order_after(source_device, there, stream));
-  return ctx.release_memory(source_device, temp, there);
+  ctx.drain({{device, stream}, {source_device, there}}, [context, source_device, temp, there] {
+    (void)context->release_memory(source_device, temp, there);
+  });
+  return st.ok() ? ordered : st;
 }
 
 // The copy's one operation (or the compaction and the copy), on `stream`.
-absl::Status enqueue(cuda_context& ctx, const copy_request& r, int device, cuda::stream_t stream,
-                     int index) {
-  cuda::api& api = ctx.api();
-  DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, device));
+absl::Status enqueue(const std::shared_ptr<cuda_context>& context, const copy_request& r,
+                     int device, cuda::stream_t stream, int index) {
+  cuda::api& api = context->api();
   if (r.compact) {
+    DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, device));
     DLASYNC_CUDA_RETURN_IF_ERROR(
         "cudaMemcpyAsync", device,
         api.memcpy_async(r.to, r.from, r.bytes, cuda::memcpy_kind::any, stream));
     return absl::OkStatus();
   }
-  if (r.source.ordinal == device) {
-    DLASYNC_CUDA_RETURN_IF_ERROR("dlasync gather kernel", device,
-                                 launch_gather(api, r.to, r.from, r.layout, stream));
-    return absl::OkStatus();
-  }
-  return compact_then_copy(ctx, r, device, stream, index);
+  if (r.source.ordinal == device) return gather_on(api, device, r.to, r, stream);
+  return compact_then_copy(context, r, device, stream, index);
 }
 
 }  // namespace
@@ -103,7 +126,7 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& req
   cuda_context& ctx = *context;
   const int device = on.device;
   cuda::stream_t stream = on.stream;
-  absl::Status status = enqueue(ctx, request, device, stream, s.index);
+  absl::Status status = enqueue(context, request, device, stream, s.index);
   marker_ptr copied = status.ok() ? ctx.record(device, stream) : nullptr;
   if (copied != nullptr) status = failed_at_once(copied);
   if (status.ok()) return copied;
@@ -147,12 +170,12 @@ marker_ptr download_through_staging(runtime_core& core, stream_ref s, copy_reque
   void* temp = nullptr;
   if (!request.compact) {
     absl::Status st = [&]() -> absl::Status {
-      DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, device));
-      DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocAsync", device,
-                                   api.malloc_async(&temp, request.bytes, stream));
-      DLASYNC_CUDA_RETURN_IF_ERROR("dlasync gather kernel", device,
-                                   launch_gather(api, temp, request.from, request.layout, stream));
-      return absl::OkStatus();
+      {
+        DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, device));
+        DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocAsync", device,
+                                     api.malloc_async(&temp, request.bytes, stream));
+      }
+      return gather_on(api, device, temp, request, stream);
     }();
     if (!st.ok()) {
       if (temp != nullptr) (void)ctx.release_memory(device, temp, stream);

@@ -1,20 +1,34 @@
 // The gather as a kernel of the CUDA seam (internal): compacts a strided
 // tensor on a GPU into row-major order on the same GPU. On a real GPU it
 // launches the nvcc-built kernel (gather_kernel.cu); on a simulated one the
-// host copy kernel does the same work in stream order.
+// same grid, index math (gather_math.hpp), loads and stores run on the
+// host in stream order.
 #pragma once
 
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "runtime/src/cuda/cuda_api.hpp"
+#include "transfer/src/copy/gather_math.hpp"
 #include "transfer/src/copy/strided_copy.hpp"
 
 namespace dlasync::detail {
+
+// The kernel's parameters for gathering `layout` from `src` (its first
+// element) into `dst`: the word size follows the addresses' alignment.
+// InvalidArgument beyond max_ndim dimensions.
+absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const void* src,
+                                                              const strided_layout& layout);
+
+// The bytes a strided tensor at `src` (its first element) spans, negative
+// strides included: what the gather reads.
+cuda::memory_range source_extent(const void* src, const strided_layout& layout);
 
 // Launches the gather of the strided tensor at `src` (its first element)
 // into the compact `dst` (`layout`'s bytes, on the same GPU as `src`) on
 // `stream` of the current device.
 cuda::error launch_gather(cuda::api& api, void* dst, const void* src, const strided_layout& layout,
-                          cuda::stream_t stream);
+                          cuda::stream_t stream,
+                          cuda::api::site where = cuda::api::site::current());
 
 }  // namespace dlasync::detail

@@ -1,6 +1,7 @@
 // dlasync's compaction kernel: gathers a strided device tensor into compact
-// row-major order. One thread per destination element, grid-stride loop;
-// elements move as 1, 2, 4, 8 or 16-byte words.
+// row-major order. One thread per destination word, grid-stride loop;
+// words of 1, 2, 4, 8 or 16 bytes, as aligned as source and destination
+// allow (gather_math.hpp holds the arithmetic, shared with the simulation).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -12,17 +13,13 @@ namespace {
 
 template <typename Word>
 __global__ void gather(char* dst, const char* src, gather_params p) {
-  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const gather_launch g{static_cast<int>(gridDim.x), static_cast<int>(blockDim.x)};
+  const std::int64_t stride = gather_word_stride(g);
+  for (std::int64_t i =
+           gather_first_word(g, static_cast<int>(blockIdx.x), static_cast<int>(threadIdx.x));
        i < p.count; i += stride) {
-    std::int64_t rest = i;
-    std::int64_t offset = 0;
-    for (int d = p.ndim - 1; d >= 0; --d) {
-      const std::int64_t index = rest % p.shape[d];
-      rest /= p.shape[d];
-      offset += index * p.strides[d];
-    }
-    reinterpret_cast<Word*>(dst)[i] = *reinterpret_cast<const Word*>(src + offset * sizeof(Word));
+    reinterpret_cast<Word*>(dst)[i] =
+        *reinterpret_cast<const Word*>(src + gather_source_offset(i, p));
   }
 }
 
@@ -30,25 +27,33 @@ struct alignas(16) word16 {
   std::uint64_t lo, hi;
 };
 
+template <typename Word>
+cudaError_t launch(const cudaLaunchConfig_t& config, char* dst, const char* src,
+                   const gather_params& p) {
+  return cudaLaunchKernelEx(&config, gather<Word>, dst, src, p);
+}
+
 }  // namespace
 
 cudaError_t launch_gather_kernel(void* dst, const void* src, const gather_params& p,
-                                 int element_size, cudaStream_t stream) {
+                                 cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
-  const int threads = 256;
-  const std::int64_t wanted = (p.count + threads - 1) / threads;
-  const int blocks = static_cast<int>(wanted < 65535 ? wanted : 65535);
+  const gather_launch g = gather_geometry(p.count);
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(g.blocks));
+  config.blockDim = dim3(static_cast<unsigned>(g.threads));
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
   auto* d = static_cast<char*>(dst);
   const auto* s = static_cast<const char*>(src);
-  switch (element_size) {
-    case 1: gather<std::uint8_t><<<blocks, threads, 0, stream>>>(d, s, p); break;
-    case 2: gather<std::uint16_t><<<blocks, threads, 0, stream>>>(d, s, p); break;
-    case 4: gather<std::uint32_t><<<blocks, threads, 0, stream>>>(d, s, p); break;
-    case 8: gather<std::uint64_t><<<blocks, threads, 0, stream>>>(d, s, p); break;
-    case 16: gather<word16><<<blocks, threads, 0, stream>>>(d, s, p); break;
+  switch (p.word_bytes) {
+    case 1: return launch<std::uint8_t>(config, d, s, p);
+    case 2: return launch<std::uint16_t>(config, d, s, p);
+    case 4: return launch<std::uint32_t>(config, d, s, p);
+    case 8: return launch<std::uint64_t>(config, d, s, p);
+    case 16: return launch<word16>(config, d, s, p);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace dlasync::copy_kernels

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "asio/post.hpp"
+#include "transfer/src/copy/gather.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -81,18 +82,19 @@ marker_ptr enqueue(runtime_core& core, stream_ref s, copy_request request) {
 }  // namespace
 
 marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request) {
-  if (request.producer_stream == stream_no_sync) return enqueue(core, s, std::move(request));
+  if (!request.produced) return enqueue(core, s, std::move(request));
   // Pinned memory written on a CUDA stream: the host copies it once the
-  // stream has reached this point.
-  cuda_backend* cuda = core.cuda();
-  if (cuda == nullptr) {
-    return done_marker(absl::InternalError("a producer stream without the CUDA backend"));
-  }
-  marker_ptr produced = cuda->context().record_producer(request.source, request.producer_stream);
+  // stream has reached the point the import recorded.
+  marker_ptr produced = request.produced;
   auto copied = std::make_shared<completion_marker>();
   produced->on_complete(
       [&core, s, request = std::move(request), copied](const absl::Status& status) mutable {
         if (!status.ok()) return copied->complete(status);
+        if (cuda::api* api = core.cuda_api(); api != nullptr) {
+          const cuda::memory_range read = source_extent(request.from, request.layout);
+          api->host_access(read.begin, read.bytes, cuda::host_use::read,
+                           "a host copy reads the page-locked source");
+        }
         enqueue(core, s, std::move(request))->on_complete([copied](const absl::Status& st) {
           copied->complete(st);
         });

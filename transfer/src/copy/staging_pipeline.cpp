@@ -5,6 +5,7 @@
 
 #include "asio/post.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
+#include "runtime/src/planted.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -28,10 +29,11 @@ std::uint64_t piece_bytes(const strided_layout& layout, std::uint64_t chunk) {
 
 // Enqueues one chunk's copy on `s` of `device`.
 absl::Status enqueue_copy(cuda::api& api, int device, void* dst, const void* src,
-                          std::uint64_t bytes, cuda::memcpy_kind kind, cuda::stream_t s) {
+                          std::uint64_t bytes, cuda::memcpy_kind kind, cuda::stream_t s,
+                          cuda::api::site where = cuda::api::site::current()) {
   absl::StatusOr<device_guard> on = device_guard::enter(api, device);
   if (!on.ok()) return on.status();
-  if (const cuda::error err = api.memcpy_async(dst, src, bytes, kind, s);
+  if (const cuda::error err = api.memcpy_async(dst, src, bytes, kind, s, where);
       err != cuda::error::success) {
     return cuda::to_status(err, "cudaMemcpyAsync", device);
   }
@@ -103,8 +105,8 @@ void staging_pipeline::start(cuda::stream_t after) {
   after_ = after;
   if (ranges_.size() == 1) streams_.assign(1, after);
   for (cuda::stream_t s : streams_) {
-    if (s == after) continue;
-    if (absl::Status st = ctx_.order_after(device_, s, after); !st.ok()) fail(st);
+    if (s == after || planted_mistake(planted::skip_staging_start_wait)) continue;
+    if (absl::Status st = ctx_.order_after(device_, s, device_, after); !st.ok()) fail(st);
   }
   remaining_ = ranges_.size();
   if (ranges_.empty()) return finish();
@@ -146,6 +148,7 @@ bool staging_pipeline::stopped() {
 }
 
 void staging_pipeline::on_chunk(absl::StatusOr<void*> chunk) {
+  const cuda::owner_scope tagged(owner());
   const std::size_t k = next_.fetch_add(1);
   if (k >= ranges_.size()) {
     if (chunk.ok()) ctx_.chunks().give(*chunk);
@@ -168,10 +171,13 @@ void staging_pipeline::on_chunk(absl::StatusOr<void*> chunk) {
 }
 
 void staging_pipeline::gather_and_send(std::size_t k, void* chunk) {
+  const cuda::owner_scope tagged(owner());
   // Named copies, not a structured binding: lambdas capture them (C++20
   // allows capturing bindings, clang before 16 does not).
   const std::int64_t begin = ranges_[k].first;
   const std::int64_t end = ranges_[k].second;
+  ctx_.api().host_access(chunk, bytes_of(begin, end), cuda::host_use::write,
+                         "the host fills a staging chunk");
   copy_.run(host_src_, chunk, begin, end, copy_.dst_offset(begin));
   const std::uint64_t offset = copy_.dst_offset(begin);
   cuda::stream_t s = streams_[k % streams_.size()];
@@ -180,12 +186,14 @@ void staging_pipeline::gather_and_send(std::size_t k, void* chunk) {
       !st.ok()) {
     return chunk_failed(chunk, std::move(st));
   }
+  const bool returned = planted_mistake(planted::early_chunk_return);
+  if (returned) ctx_.chunks().give(chunk);
   ctx_.record(device_, s)
-      ->on_complete([self = shared_from_this(), chunk, s](const absl::Status& st) {
+      ->on_complete([self = shared_from_this(), chunk, s, returned](const absl::Status& st) {
         if (!st.ok()) {
           self->fail(st);
-          self->return_after(s, chunk);
-        } else {
+          if (!returned) self->return_after(s, chunk);
+        } else if (!returned) {
           self->ctx_.chunks().give(chunk);
         }
         self->request_chunk();
@@ -203,21 +211,28 @@ void staging_pipeline::receive(std::size_t k, void* chunk) {
       !st.ok()) {
     return chunk_failed(chunk, std::move(st));
   }
+  // Copies the chunk out to the destination, on a worker.
+  auto copy_out = [self = shared_from_this(), k, chunk] {
+    asio::post(self->pool_, [self, k, chunk] {
+      const auto [begin, end] = self->ranges_[k];
+      self->ctx_.api().host_access(chunk, static_cast<std::uint64_t>(end - begin),
+                                   cuda::host_use::read, "the host copies a staging chunk out");
+      std::memcpy(self->dst_ + begin, chunk, static_cast<std::size_t>(end - begin));
+      self->ctx_.chunks().give(chunk);
+      self->request_chunk();
+      self->finish_one();
+    });
+  };
+  if (planted_mistake(planted::early_chunk_read)) return copy_out();
   ctx_.record(device_, s)
-      ->on_complete([self = shared_from_this(), k, chunk, s](const absl::Status& st) {
+      ->on_complete([self = shared_from_this(), chunk, s, copy_out](const absl::Status& st) {
         if (!st.ok()) {
           self->fail(st);
           self->return_after(s, chunk);
           self->request_chunk();
           return self->finish_one();
         }
-        asio::post(self->pool_, [self, k, chunk] {
-          const auto [begin, end] = self->ranges_[k];
-          std::memcpy(self->dst_ + begin, chunk, static_cast<std::size_t>(end - begin));
-          self->ctx_.chunks().give(chunk);
-          self->request_chunk();
-          self->finish_one();
-        });
+        copy_out();
       });
 }
 
@@ -245,11 +260,12 @@ void staging_pipeline::finish_one() {
 }
 
 void staging_pipeline::finish() {
+  const cuda::owner_scope tagged(owner());
   // Later work on the import's stream (frees, consumers) follows the
   // transfers.
   for (cuda::stream_t s : streams_) {
     if (s == after_) continue;
-    if (absl::Status st = ctx_.order_after(device_, after_, s); !st.ok()) fail(st);
+    if (absl::Status st = ctx_.order_after(device_, after_, device_, s); !st.ok()) fail(st);
   }
   absl::Status st;
   {
@@ -257,7 +273,9 @@ void staging_pipeline::finish() {
     st = status_;
   }
   const bool cancelled = control_ && control_->aborted.load(std::memory_order_acquire);
-  if (st.ok() && !cancelled) return done_->complete(st);
+  if ((st.ok() && !cancelled) || planted_mistake(planted::skip_failure_drain)) {
+    return done_->complete(st);
+  }
   // After an error or a cancellation, work enqueued before it (a gather
   // kernel reading the source, copies) may still run: the import releases
   // the destination, the source and temporary buffers only once the

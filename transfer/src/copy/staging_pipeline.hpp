@@ -68,6 +68,8 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
   void fail(absl::Status st);
   void finish_one();
   void finish();
+  // The copy the pipeline's device work is tagged with.
+  std::uint64_t owner() const noexcept { return control_ ? control_->owner : 0; }
 
   std::shared_ptr<cuda_context> context_;
   cuda_context& ctx_;

@@ -63,12 +63,18 @@ absl::StatusOr<transfer_path> choose_path(runtime_core& core, const import_plan&
                                                     : transfer_path::gpu_to_gpu;
 }
 
+int producer_gpu(const import_plan& plan) noexcept {
+  if (is_gpu_memory(plan.source.kind)) return plan.source.ordinal;
+  return plan.target.kind == device_kind::cuda ? plan.target.ordinal : 0;
+}
+
 device stream_device(transfer_path path, const import_plan& plan) noexcept {
   if (path == transfer_path::gpu_to_host) return {device_kind::cuda, plan.source.ordinal};
   return plan.target;
 }
 
 marker_ptr start_copy(runtime_core& core, stream_ref s, copy_request request) {
+  const cuda::owner_scope tagged(request.control ? request.control->owner : 0);
   switch (request.path) {
     case transfer_path::host_to_host: return copy_on_host(core, s, std::move(request));
     case transfer_path::pinned_to_gpu:

@@ -49,6 +49,13 @@ enum class transfer_path : std::uint8_t {
 struct copy_control {
   std::atomic<bool> cancel_requested{false};
   std::atomic<bool> aborted{false};
+  // Tags the device work enqueued for this copy (cuda::owner_scope).
+  const std::uint64_t owner = next_owner();
+
+  static std::uint64_t next_owner() noexcept {
+    static std::atomic<std::uint64_t> next{1};
+    return next.fetch_add(1, std::memory_order_relaxed);
+  }
 };
 
 // One copy on its path: what it reads and writes.
@@ -61,8 +68,9 @@ struct copy_request {
   strided_layout layout;       // how `from` is read
   std::uint64_t bytes = 0;
   bool compact = false;  // row-major: the source is `bytes` in a row
-  // The producer's stream the reads must follow, or stream_no_sync.
-  std::int64_t producer_stream = stream_no_sync;
+  // The point of the producer's stream the reads must follow, recorded when
+  // the import was called; null when there is none.
+  marker_ptr produced;
   std::shared_ptr<copy_control> control;
 };
 
@@ -72,6 +80,11 @@ struct copy_request {
 // not), and learns whether a host source bound for a GPU is page-locked; a
 // failed pointer query is the error. Nothing is consumed either way.
 absl::StatusOr<transfer_path> choose_path(runtime_core& core, const import_plan& plan);
+
+// The GPU whose streams the special producer stream values (1, 2) name:
+// the source's GPU, else the target GPU, else GPU 0 (pinned memory copied
+// to the host: DLPack's kDLCUDAHost names no GPU).
+int producer_gpu(const import_plan& plan) noexcept;
 
 // The device whose streams carry `path`'s work: the source GPU for
 // downloads, else the target.

@@ -2,7 +2,9 @@
 
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
+#include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
@@ -26,9 +28,28 @@ import_start begin_import(runtime& rt, managed_tensor& source, const import_opti
   const absl::StatusOr<transfer_path> path = choose_path(core, *plan);
   if (!path.ok()) {
     start.ready = path.status();
-  } else if (*path == transfer_path::view) {
+    return start;
+  }
+  if (*path == transfer_path::view) {
     start.ready = tensor_factory::make_view(std::move(source), *plan);
-  } else {
+    return start;
+  }
+  if (plan->producer_stream != stream_no_sync) {
+    // The producer's point is the moment of this call, on this thread:
+    // recorded here, not later on whichever thread runs the import.
+    marker_ptr produced =
+        core.cuda()->context().record_producer(producer_gpu(*plan), plan->producer_stream);
+    if (absl::Status st = failed_at_once(produced); !st.ok()) {
+      start.ready = absl::Status(
+          st.code(), absl::StrCat("cannot follow the producer's stream ", plan->producer_stream,
+                                  ": ", st.message(),
+                                  "; the tensor was not consumed: pass a stream of the tensor's "
+                                  "device, or -1 after synchronizing the producer"));
+      return start;
+    }
+    start.produced = std::move(produced);
+  }
+  {
     start.plan = *plan;
     start.path = static_cast<std::uint8_t>(*path);
     start.source = std::move(source);

@@ -1,5 +1,6 @@
 #include "transfer/src/import/import_operation.hpp"
 
+#include "transfer/src/copy/gather.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -34,6 +35,7 @@ import_operation::import_operation(runtime_core& core, import_start started, don
     : core_(core),
       source_(std::move(started.source)),
       plan_(started.plan),
+      produced_(std::move(started.produced)),
       path_(static_cast<transfer_path>(started.path)),
       done_(std::move(done)),
       control_(std::make_shared<copy_control>()) {
@@ -83,7 +85,7 @@ void import_operation::wait_for_producer() {
   // the producer's stream has reached this point. Validation asks for the
   // CUDA backend whenever a producer stream is given.
   const marker_ptr produced =
-      core_.cuda()->context().record_producer(plan_.source, plan_.producer_stream);
+      produced_ ? produced_ : done_marker(absl::InternalError("no producer point was recorded"));
   if (caller_stream_follows(produced)) {
     // The caller's stream follows the producer on the device: no wait here.
     return finish(tensor_factory::make_view(std::move(source_), plan_));
@@ -136,7 +138,7 @@ void import_operation::on_budget(absl::Status status) {
   request.layout = source_layout(*source_.dl_tensor(), plan_);
   request.bytes = bytes;
   request.compact = plan_.compact;
-  request.producer_stream = plan_.producer_stream;
+  request.produced = produced_;
   request.control = control_;
   const marker_ptr copied = start_copy(core_, stream, std::move(request));
   if (caller_stream_follows(copied)) {
@@ -144,7 +146,7 @@ void import_operation::on_budget(absl::Status status) {
     // release the source when the copy has read it.
     std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
     copied->on_complete([self = shared_from_this()](const absl::Status&) {
-      self->source_.reset();
+      self->release_source();
       self->core_.end_operation(self->op_id_);
     });
     return;
@@ -162,9 +164,21 @@ bool import_operation::caller_stream_follows(const marker_ptr& m) {
          core_.cuda()->context().order_consumer(plan_.target, plan_.consumer_stream, m).ok();
 }
 
+void import_operation::release_source() {
+  if (!source_) return;
+  // The simulation checks that no device work still reads it.
+  if (cuda::api* api = core_.cuda_api(); api != nullptr && plan_.source.kind != device_kind::cpu) {
+    const cuda::memory_range read =
+        source_extent(first_element(plan_), source_layout(*source_.dl_tensor(), plan_));
+    api->host_access(read.begin, read.bytes, cuda::host_use::release,
+                     "the DLPack deleter of the source runs", control_->owner);
+  }
+  source_.reset();
+}
+
 void import_operation::on_copied(absl::Status status) {
   // Nothing reads the source any more.
-  source_.reset();
+  release_source();
   if (control_->aborted.load(std::memory_order_acquire)) {
     buffer_.reset();
     return finish(absl::CancelledError(
@@ -179,7 +193,7 @@ void import_operation::on_copied(absl::Status status) {
 }
 
 void import_operation::finish(import_result result) {
-  source_.reset();
+  release_source();
   std::move(done_)(std::move(result));
   if (op_id_ != 0) core_.end_operation(op_id_);
 }

@@ -38,6 +38,8 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   // True when the caller's consumer stream now waits for `m` on the device,
   // so that the import may resume before `m` completes.
   bool caller_stream_follows(const marker_ptr& m);
+  // Releases the source (its deleter runs): nothing may read it any more.
+  void release_source();
   void on_budget(absl::Status status);
   void on_copied(absl::Status status);
   void finish(import_result result);
@@ -45,6 +47,7 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   runtime_core& core_;
   managed_tensor source_;
   import_plan plan_;
+  marker_ptr produced_;  // the producer's point at the call, or null
   transfer_path path_;
   done_fn done_;
   absl::InlinedVector<std::int64_t, 8> shape_;

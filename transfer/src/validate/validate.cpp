@@ -257,7 +257,16 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
     }
     if (c == 0 || c < stream_no_sync) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "consumer_stream ", c, " is not a DLPack stream value; use 1, 2 or a stream handle"));
+          "consumer_stream ", c, " is not a DLPack stream value; use 1 or a stream handle"));
+    }
+    if (c == stream_per_thread_default) {
+      // The wait is enqueued once the copy is, often on another thread
+      // (a worker, the CUDA reactor), whose per-thread stream is not the
+      // caller's.
+      return absl::InvalidArgumentError(
+          "consumer_stream 2 (the per-thread default stream) names the stream of whichever "
+          "thread makes the CUDA call, and the import enqueues its wait later, on another "
+          "thread; pass a stream handle of your own (gpu_stream::dlpack_stream())");
     }
     plan.consumer_stream = c;
   }

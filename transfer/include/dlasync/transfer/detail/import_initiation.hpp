@@ -24,6 +24,10 @@
 #include "dlasync/transfer/tensor.hpp"
 #include "dlasync/transfer/validate.hpp"
 
+namespace dlasync {
+class completion_marker;
+}  // namespace dlasync
+
 namespace dlasync::detail {
 
 using import_result = absl::StatusOr<tensor>;
@@ -37,6 +41,9 @@ struct import_start {
   managed_tensor source;
   import_plan plan;
   std::uint8_t path = 0;  // a transfer_path (transfer/src/copy/transfer_path.hpp)
+  // The point the producer's stream had reached at the call, recorded on
+  // the calling thread (stream 2 is that thread's own); null without one.
+  std::shared_ptr<completion_marker> produced;
 };
 
 // Validates `source` against `options` and takes it only when that passes.
