@@ -158,7 +158,31 @@ error sim_api::set_device(int device) {
   if (error e = enter("cudaSetDevice"); e != error::success) return failed(e);
   if (device < 0 || device >= options_.devices) return failed(error::invalid_device);
   sim_current_device = device;
+  sim_current_context = device;
   open_context(device);
+  return error::success;
+}
+
+// Driver calls: no fault injection, no last error (cudart's state).
+error sim_api::get_current_context(context_t* context) {
+  // A context handle names its device, one past its ordinal.
+  *context =
+      sim_current_context < 0
+          ? nullptr
+          : reinterpret_cast<context_t>(static_cast<std::uintptr_t>(sim_current_context) + 1);
+  return error::success;
+}
+
+error sim_api::set_current_context(context_t context) {
+  if (context == nullptr) {
+    sim_current_context = -1;
+    sim_current_device = 0;  // cudaGetDevice's answer without a context
+    return error::success;
+  }
+  const auto device = static_cast<int>(reinterpret_cast<std::uintptr_t>(context) - 1);
+  if (device < 0 || device >= options_.devices) return error::invalid_value;
+  sim_current_context = device;
+  sim_current_device = device;
   return error::success;
 }
 

@@ -151,6 +151,8 @@ class sim_api final : public api {
   std::size_t checker_records() const { return checker_.records(); }
 
   error get_device_count(int* count) override;
+  error get_current_context(context_t* context) override;
+  error set_current_context(context_t context) override;
   error set_device(int device) override;
   error get_device(int* device) override;
   error get_device_properties(device_properties* properties, int device) override;

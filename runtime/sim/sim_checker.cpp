@@ -81,12 +81,6 @@ std::vector<std::string> order_checker::enqueue(std::uint32_t stream,
     const std::uintptr_t end = a.begin + a.bytes;
     for (const record& r : records_) {
       if (r.end <= a.begin || r.begin >= end) continue;
-      if (r.kind == access_kind::free) {
-        found.push_back(absl::StrCat("use after free: ", self, " ", verb(a.kind), " ",
-                                     range(a.begin, a.bytes), ", memory that ", describe(r),
-                                     " freed before"));
-        continue;
-      }
       if (r.stream == stream) continue;  // one stream runs in order
       if (now.size() > r.stream && now[r.stream] >= r.tick) continue;
       if (r.kind == access_kind::read && a.kind == access_kind::read) continue;
@@ -100,9 +94,10 @@ std::vector<std::string> order_checker::enqueue(std::uint32_t stream,
     if (a.bytes == 0) continue;
     const std::uintptr_t end = a.begin + a.bytes;
     if (a.kind == access_kind::free) {
-      // Everything before the free is ordered before it or reported: the
-      // tombstone alone stands for the range now.
+      // Everything before the free is ordered before it or reported; later
+      // uses are the simulation's to refuse (the memory is gone).
       std::erase_if(records_, [&](const record& r) { return r.end > a.begin && r.begin < end; });
+      continue;
     }
     records_.push_back({a.begin, end, a.kind, stream, tick, shared});
   }
@@ -148,7 +143,7 @@ std::vector<std::string> order_checker::host_access(std::uintptr_t begin, std::u
   if (bytes == 0) return found;
   const std::uintptr_t end = begin + bytes;
   for (const record& r : records_) {
-    if (r.end <= begin || r.begin >= end || r.kind == access_kind::free) continue;
+    if (r.end <= begin || r.begin >= end) continue;
     if (label.owner != 0 && r.label->owner != label.owner) continue;
     if (host_knows(r)) continue;
     if (use == host_use::read && r.kind == access_kind::read) continue;
@@ -160,8 +155,7 @@ std::vector<std::string> order_checker::host_access(std::uintptr_t begin, std::u
   }
   if (use == host_use::release) {
     std::erase_if(records_, [&](const record& r) {
-      return r.end > begin && r.begin < end && r.kind != access_kind::free &&
-             (label.owner == 0 || r.label->owner == label.owner);
+      return r.end > begin && r.begin < end && (label.owner == 0 || r.label->owner == label.owner);
     });
   }
   return found;
@@ -179,8 +173,7 @@ std::size_t order_checker::records() const {
 }
 
 void order_checker::prune() {
-  std::erase_if(records_,
-                [this](const record& r) { return r.kind != access_kind::free && host_knows(r); });
+  std::erase_if(records_, [this](const record& r) { return host_knows(r); });
 }
 
 std::vector<std::string> take_sim_reports() {

@@ -19,15 +19,14 @@
 // stream-ordered allocation it makes and the free it orders. An access is
 // recorded with its stream and tick. Two accesses conflict when their bytes
 // overlap and one of them writes, allocates or frees; a conflict is reported
-// when neither is ordered before the other. Any access to memory whose free
-// is recorded is reported too (ordered after the free, it is a use after
-// free). The host's uses (a DLPack deleter, a staging chunk refilled, read
+// when neither is ordered before the other. (A use after a free, ordered
+// or not, the simulation refuses itself: it knows the memory gone.) The
+// host's uses (a DLPack deleter, a staging chunk refilled, read
 // or given back, memory freed) are checked against the device accesses the
 // host does not yet know complete.
 //
-// Records the host knows complete can never conflict again and are dropped;
-// frees stay as tombstones until the memory is allocated again or leaves
-// the simulation's quarantine.
+// Records the host knows complete can never conflict again and are dropped,
+// as are those a free or a host release covers.
 //
 // Thread safety: all members are safe from any thread (one mutex).
 #pragma once

@@ -22,6 +22,9 @@ namespace dlasync::cuda {
 // simulated runtime.
 inline thread_local int sim_current_device = 0;
 inline thread_local error sim_last_error = error::success;
+// The device whose context is current on the thread (cudaSetDevice makes
+// one current); -1 for none, as on a thread that has made no CUDA call.
+inline thread_local int sim_current_context = -1;
 
 // The allocation at `address`, a key of the memory map: the map is ordered
 // by address, so that a pointer into an allocation finds it.

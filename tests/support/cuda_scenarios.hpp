@@ -228,11 +228,38 @@ inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
   }
 }
 
-// The producer writes on its stream after a delay; the import must see the
-// final data, for a copy to the host and for a view.
-inline void scenario_producer_stream(
-    runtime& rt, int device_ordinal,
-    const std::function<void(cuda::stream_t, void*, const std::vector<float>&)>& delayed_write) {
+// A producer that is slow on the device itself: `stream` (of `device`,
+// which must be current) first holds for `delay` in a host function, then
+// copies `values` from page-locked memory into `dst`. Nothing here waits on
+// the host (a pageable source could make the copy synchronous); `staging`
+// keeps the page-locked copy of `values` until the caller has waited.
+struct slow_device_write {
+  cuda::api& api;
+  void* staging = nullptr;
+
+  slow_device_write(cuda::api& a, cuda::stream_t stream, void* dst,
+                    const std::vector<float>& values, std::chrono::milliseconds delay)
+      : api(a) {
+    const std::size_t bytes = values.size() * sizeof(float);
+    REQUIRE(api.malloc_host(&staging, bytes) == cuda::error::success);
+    std::memcpy(staging, values.data(), bytes);
+    REQUIRE(api.launch_host_func(stream, [delay] { std::this_thread::sleep_for(delay); }) ==
+            cuda::error::success);
+    REQUIRE(api.memcpy_async(dst, staging, bytes, cuda::memcpy_kind::host_to_device, stream) ==
+            cuda::error::success);
+  }
+  // Call once the write is known complete.
+  ~slow_device_write() { (void)api.free_host(staging); }
+  slow_device_write(const slow_device_write&) = delete;
+  slow_device_write& operator=(const slow_device_write&) = delete;
+};
+
+// The producer writes on its stream after a delay on the device (a host
+// function holding the stream, then a copy from page-locked memory); the
+// import must see the final data, for a copy to the host and for a view,
+// without the host waiting for the producer first.
+inline void scenario_producer_stream(runtime& rt, int device_ordinal,
+                                     std::chrono::milliseconds delay) {
   cuda::api& api = *cuda_of(rt);
   std::vector<float> stale(1024, -1.0f);
   std::vector<float> fresh(1024);
@@ -243,7 +270,7 @@ inline void scenario_producer_stream(
   REQUIRE(api.stream_create(&producer, cuda::stream_flags::non_blocking) == cuda::error::success);
   for (const bool to_host : {true, false}) {
     INFO((to_host ? "copy to the host" : "view"));
-    delayed_write(producer, mem.data, to_host ? fresh : stale);
+    slow_device_write write(api, producer, mem.data, to_host ? fresh : stale, delay);
     tensor_spec s;
     s.device = {device_kind::cuda, device_ordinal};
     s.shape = {1024};
@@ -253,8 +280,12 @@ inline void scenario_producer_stream(
     import_options o;
     o.stream = reinterpret_cast<std::int64_t>(producer);
     if (to_host) o.target = host_device;
+    const auto called = std::chrono::steady_clock::now();
     absl::StatusOr<tensor> t = import_now(rt, source, o);
     REQUIRE(t.ok());
+    // The import could only finish after the producer's delay on the
+    // device: the ordering was tested, not skipped by a host wait.
+    CHECK(std::chrono::steady_clock::now() - called >= delay / 2);
     if (to_host) {
       CHECK(static_cast<const float*>(t->data())[1023] == 1023.0f);
     } else {
@@ -262,6 +293,7 @@ inline void scenario_producer_stream(
       const std::vector<std::uint8_t> now = read_back(api, *t);
       CHECK(std::memcmp(now.data(), stale.data(), now.size()) == 0);
     }
+    finish_stream(api, device_ordinal, producer);
   }
   finish_stream(api, device_ordinal, producer);
   api.stream_destroy(producer);

@@ -5,14 +5,15 @@
 #include <cstdio>
 
 #include "catch2/catch.hpp"
-#include "support/cuda_scenarios.hpp"
+#include "support/cuda_rule_scenarios.hpp"
 
 namespace dlasync {
 namespace {
 
-std::unique_ptr<runtime> real_runtime() {
+std::unique_ptr<runtime> real_runtime(std::uint64_t copy_budget = 0) {
   runtime_options o;
   o.topology = process_topology::single_process();
+  o.copy_memory_budget = copy_budget;
   o.cuda = "real";
   absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(std::move(o));
   REQUIRE(rt.ok());
@@ -47,25 +48,22 @@ TEST_CASE("GPU: managed memory is viewed in place and copied out", "[gpu]") {
 }
 
 TEST_CASE("GPU: an import follows the producer's stream", "[gpu]") {
-  std::unique_ptr<runtime> rt = real_runtime();
-  cuda::api& api = *testing::cuda_of(*rt);
-  // A long device-to-device copy on the producer's stream, then the write:
-  // the import has to wait for both.
-  void* scratch = nullptr;
-  const std::size_t big = std::size_t{1} << 30;
-  api.set_device(0);
-  REQUIRE(api.malloc_async(&scratch, 2 * big, testing::legacy_stream()) == cuda::error::success);
-  testing::scenario_producer_stream(
-      *rt, 0, [&](cuda::stream_t producer, void* dst, const std::vector<float>& values) {
-        REQUIRE(api.memcpy_async(static_cast<char*>(scratch) + big, scratch, big,
-                                 cuda::memcpy_kind::device_to_device,
-                                 producer) == cuda::error::success);
-        REQUIRE(api.memcpy_async(dst, values.data(), values.size() * sizeof(float),
-                                 cuda::memcpy_kind::host_to_device,
-                                 producer) == cuda::error::success);
-      });
-  api.free_async(scratch, testing::legacy_stream());
-  testing::finish_stream(api, 0, testing::legacy_stream());
+  // The producer is slow on the device (a host function holds its stream
+  // for 300 ms, then a copy from page-locked memory writes): a pageable
+  // copy could make the host wait first, and test nothing.
+  testing::scenario_producer_stream(*real_runtime(), 0, std::chrono::milliseconds(300));
+}
+
+TEST_CASE("GPU: a misaligned strided source is gathered with words it allows", "[gpu]") {
+  testing::scenario_misaligned_gather(*real_runtime(), 0);
+}
+
+TEST_CASE("GPU: the gather's launch reports its own status, not an earlier error", "[gpu]") {
+  testing::scenario_launch_after_failed_call(*real_runtime(), 0);
+}
+
+TEST_CASE("GPU: producer stream 2 is the importing thread's own", "[gpu]") {
+  testing::scenario_per_thread_producer(*real_runtime(4096), 0, std::chrono::milliseconds(300));
 }
 
 }  // namespace dlasync

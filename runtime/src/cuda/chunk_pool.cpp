@@ -1,5 +1,7 @@
 #include "runtime/src/cuda/chunk_pool.hpp"
 
+#include "runtime/src/cuda/device_guard.hpp"
+
 namespace dlasync::detail {
 
 chunk_pool::~chunk_pool() {
@@ -14,6 +16,8 @@ void chunk_pool::take(grant_fn granted) {
     std::lock_guard lock(mutex_);
     if (chunks_.empty()) {
       // Pinned on first use; a failure leaves the pool empty for a retry.
+      absl::StatusOr<device_guard> on = device_guard::enter(api_, home_);
+      if (!on.ok()) failure = on.status();
       for (int i = 0; i < count_ && failure.ok(); ++i) {
         void* p = nullptr;
         if (const cuda::error err = api_.malloc_host(&p, bytes_); err != cuda::error::success) {

@@ -24,8 +24,11 @@ class chunk_pool {
  public:
   using grant_fn = std::function<void(absl::StatusOr<void*>)>;
 
-  chunk_pool(cuda::api& api, std::uint64_t bytes, int count)
-      : api_(api), bytes_(bytes), count_(count) {}
+  // Chunks are pinned with GPU `home` current (a GPU the process serves):
+  // cudaMallocHost works in the current device's context, and the calling
+  // thread's may be a GPU of another process.
+  chunk_pool(cuda::api& api, std::uint64_t bytes, int count, int home)
+      : api_(api), bytes_(bytes), count_(count), home_(home) {}
   chunk_pool(const chunk_pool&) = delete;
   chunk_pool& operator=(const chunk_pool&) = delete;
   // Frees every chunk, those whose free failed earlier included.
@@ -45,6 +48,7 @@ class chunk_pool {
   cuda::api& api_;
   const std::uint64_t bytes_;
   const int count_;
+  const int home_;
   std::mutex mutex_;
   std::vector<void*> chunks_;
   std::vector<void*> free_;

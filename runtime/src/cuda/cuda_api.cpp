@@ -25,6 +25,7 @@ std::string error_name(error e) {
     case error::misaligned_address: return "cudaErrorMisalignedAddress";
     case error::launch_failure: return "cudaErrorLaunchFailure";
     case error::peer_access_unsupported: return "cudaErrorPeerAccessUnsupported";
+    case error::not_supported: return "cudaErrorNotSupported";
     case error::unknown: return "cudaErrorUnknown";
   }
   return absl::StrCat("cudaError ", static_cast<int>(e));

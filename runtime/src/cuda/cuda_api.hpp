@@ -38,6 +38,7 @@ namespace dlasync::cuda {
 
 using stream_t = void*;
 using event_t = void*;
+using context_t = void*;
 
 // The stream handle of a DLPack stream value (1, 2, or a cudaStream_t as an
 // integer): DLPack passes streams as integers.
@@ -76,6 +77,7 @@ enum class error : int {
   misaligned_address = 716,
   launch_failure = 719,
   peer_access_unsupported = 217,
+  not_supported = 801,
   unknown = 999,
 };
 
@@ -177,6 +179,13 @@ class api {
   virtual bool simulated() const noexcept = 0;
 
   virtual error get_device_count(int* count) = 0;
+  // The calling thread's current context (cuCtxGetCurrent), null when it
+  // has none, and making it current again (cuCtxSetCurrent): dlasync leaves
+  // a thread's CUDA state as it found it without cudaSetDevice, which
+  // would open a context on a device the process may never use.
+  // not_supported where the driver offers no entry point.
+  virtual error get_current_context(context_t* context) = 0;
+  virtual error set_current_context(context_t context) = 0;
   // Makes `device` current on the calling thread (and, as cudart 12 does,
   // opens its context).
   virtual error set_device(int device) = 0;

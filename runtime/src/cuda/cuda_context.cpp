@@ -1,6 +1,8 @@
 #include "runtime/src/cuda/cuda_context.hpp"
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -23,6 +25,10 @@ cuda_context::cuda_context(std::shared_ptr<cuda::api> api, cuda_options options)
 absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
     std::shared_ptr<cuda::api> api, cuda_options options, const std::vector<bool>& served) {
   const int devices = static_cast<int>(served.size());
+  const auto first_served = std::find(served.begin(), served.end(), true);
+  const int home = first_served == served.end()
+                       ? 0
+                       : static_cast<int>(std::distance(served.begin(), first_served));
   // The last reference may drop inside a reactor callback (a pipeline that
   // outlives the runtime by a moment): then the context, which joins the
   // reactor thread, is destroyed on a thread of its own.
@@ -41,7 +47,7 @@ absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
   context->streams_.emplace(*std::move(streams));
   context->events_ = std::make_unique<event_pool>(a, devices);
   context->chunks_ =
-      std::make_unique<chunk_pool>(a, options.staging_chunk_bytes, options.staging_chunks);
+      std::make_unique<chunk_pool>(a, options.staging_chunk_bytes, options.staging_chunks, home);
   context->reactor_ = std::make_unique<reactor>(a, *context->events_);
   return context;
 }

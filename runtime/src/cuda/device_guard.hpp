@@ -1,7 +1,12 @@
 // `device_guard` (internal) makes a CUDA device current on the calling
-// thread for its lifetime and then restores the device that was current
-// before. The current device is per thread, and the caller's own CUDA work
-// on that thread must not land on another GPU because dlasync ran there.
+// thread for its lifetime and then restores the thread's CUDA state as it
+// was: the context that was current before, or none (cuCtxSetCurrent). The
+// current device is per thread, and the caller's own CUDA work on that
+// thread must not land on another GPU because dlasync ran there; restoring
+// with cudaSetDevice instead would open a context on the device the
+// thread merely defaulted to (device 0), which a process serving another
+// GPU never uses. Where the driver offers no context calls, the previous
+// device is restored with cudaSetDevice.
 //
 // A guard exists only once its device is current: `enter` returns the
 // failure of cudaSetDevice instead of a guard, so no caller can go on to
@@ -32,10 +37,13 @@ class device_guard {
   ~device_guard();
 
  private:
-  device_guard(cuda::api& api, int previous) noexcept : api_(&api), previous_(previous) {}
+  device_guard(cuda::api& api, bool context_saved, cuda::context_t context, int previous) noexcept
+      : api_(&api), context_saved_(context_saved), context_(context), previous_(previous) {}
 
   cuda::api* api_;
-  int previous_;  // -1: nothing to restore
+  bool context_saved_;       // restore context_ (false: moved from, or no driver calls)
+  cuda::context_t context_;  // the thread's context before, or null
+  int previous_;             // without driver calls: the device to restore, -1 for none
 };
 
 }  // namespace dlasync::detail

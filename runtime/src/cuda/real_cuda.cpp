@@ -32,9 +32,42 @@ cudaMemcpyKind as_kind(memcpy_kind k) {
   return cudaMemcpyDefault;
 }
 
+// Driver entry points, found through cudart at run time: linking the
+// driver library would make the build need a driver to load.
+struct driver_calls {
+  int (*get_current)(void**) = nullptr;  // cuCtxGetCurrent
+  int (*set_current)(void*) = nullptr;   // cuCtxSetCurrent
+
+  driver_calls() {
+    void* get = nullptr;
+    void* set = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess ||
+        cudaGetDriverEntryPointByVersion("cuCtxSetCurrent", &set, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      return;
+    }
+    get_current = reinterpret_cast<int (*)(void**)>(get);
+    set_current = reinterpret_cast<int (*)(void*)>(set);
+  }
+};
+
 class real_api final : public api {
  public:
   bool simulated() const noexcept override { return false; }
+
+  error get_current_context(context_t* context) override {
+    *context = nullptr;
+    if (driver_.get_current == nullptr) return error::not_supported;
+    return driver_.get_current(context) == 0 ? error::success : error::unknown;
+  }
+  error set_current_context(context_t context) override {
+    if (driver_.set_current == nullptr) return error::not_supported;
+    return driver_.set_current(context) == 0 ? error::success : error::unknown;
+  }
 
   error get_device_count(int* count) override {
     *count = 0;
@@ -174,6 +207,9 @@ class real_api final : public api {
   error peek_at_last_error() override {
     return as_error(cudaPeekAtLastError());
   }
+
+ private:
+  driver_calls driver_;
 };
 
 }  // namespace

@@ -35,29 +35,9 @@ class gather_kernel final : public cuda::device_kernel {
 #endif
   }
 
-  // The grid the GPU runs, thread by thread, with the same index math and
-  // the same loads and stores: a word not aligned to its size faults.
+  // The grid the GPU runs, with the same index math, loads and stores.
   cuda::error simulate() const override {
-    using namespace copy_kernels;
-    const gather_launch g = gather_geometry(params_.count);
-    const std::int64_t stride = gather_word_stride(g);
-    const auto word = static_cast<std::size_t>(params_.word_bytes);
-    const auto* src = static_cast<const char*>(src_);
-    auto* dst = static_cast<char*>(dst_);
-    for (int block = 0; block < g.blocks; ++block) {
-      for (int thread = 0; thread < g.threads; ++thread) {
-        for (std::int64_t i = gather_first_word(g, block, thread); i < params_.count; i += stride) {
-          const char* load = src + gather_source_offset(i, params_);
-          char* store = dst + i * params_.word_bytes;
-          if (reinterpret_cast<std::uintptr_t>(load) % word != 0 ||
-              reinterpret_cast<std::uintptr_t>(store) % word != 0) {
-            return cuda::error::misaligned_address;
-          }
-          std::memcpy(store, load, word);
-        }
-      }
-    }
-    return cuda::error::success;
+    return run_gather_grid(params_, src_, dst_);
   }
 
  private:
@@ -68,6 +48,30 @@ class gather_kernel final : public cuda::device_kernel {
 };
 
 }  // namespace
+
+cuda::error run_gather_grid(const copy_kernels::gather_params& params, const void* src_base,
+                            void* dst_base) {
+  using namespace copy_kernels;
+  const gather_launch g = gather_geometry(params.count);
+  const std::int64_t stride = gather_word_stride(g);
+  const auto word = static_cast<std::size_t>(params.word_bytes);
+  const auto* src = static_cast<const char*>(src_base);
+  auto* dst = static_cast<char*>(dst_base);
+  for (int block = 0; block < g.blocks; ++block) {
+    for (int thread = 0; thread < g.threads; ++thread) {
+      for (std::int64_t i = gather_first_word(g, block, thread); i < params.count; i += stride) {
+        const char* load = src + gather_source_offset(i, params);
+        char* store = dst + i * params.word_bytes;
+        if (reinterpret_cast<std::uintptr_t>(load) % word != 0 ||
+            reinterpret_cast<std::uintptr_t>(store) % word != 0) {
+          return cuda::error::misaligned_address;
+        }
+        std::memcpy(store, load, word);
+      }
+    }
+  }
+  return cuda::error::success;
+}
 
 absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const void* src,
                                                               const strided_layout& layout) {

@@ -24,6 +24,12 @@ absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const v
 // strides included: what the gather reads.
 cuda::memory_range source_extent(const void* src, const strided_layout& layout);
 
+// Runs the kernel's grid on the host, thread by thread, with the GPU's
+// index math, loads and stores: what a simulated GPU runs. Returns
+// misaligned_address, having stopped, at the first load or store not
+// aligned to its word (a GPU would fault there).
+cuda::error run_gather_grid(const copy_kernels::gather_params& params, const void* src, void* dst);
+
 // Launches the gather of the strided tensor at `src` (its first element)
 // into the compact `dst` (`layout`'s bytes, on the same GPU as `src`) on
 // `stream` of the current device.
