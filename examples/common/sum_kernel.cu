@@ -23,11 +23,17 @@ __global__ void sum_kernel(const T* data, long long count, double* out) {
   if (threadIdx.x == 0) *out = partial[0];
 }
 
+// cudaLaunchKernelEx returns the launch's own status: `<<<>>>` followed by
+// cudaGetLastError would report any earlier failed call of this thread as
+// the kernel's.
 template <typename T>
 int launch(const void* data, long long count, double* out, void* stream) {
-  sum_kernel<T><<<1, threads, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<const T*>(data),
-                                                                      count, out);
-  return static_cast<int>(cudaGetLastError());
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(threads);
+  config.stream = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(
+      cudaLaunchKernelEx(&config, sum_kernel<T>, static_cast<const T*>(data), count, out));
 }
 
 int launch_typed(const void* data, std::uint8_t code, std::uint8_t bits, std::int64_t count,

@@ -131,6 +131,7 @@ void sim_api::report(std::string text) {
     std::fflush(stderr);
     std::abort();
   }
+  if (options_.print_reports) std::fprintf(stderr, "%s\n", text.c_str());
   add_sim_report(absl::StrCat("#", id_, " ", text));
 }
 
@@ -166,10 +167,9 @@ error sim_api::set_device(int device) {
 // Driver calls: no fault injection, no last error (cudart's state).
 error sim_api::get_current_context(context_t* context) {
   // A context handle names its device, one past its ordinal.
-  *context =
-      sim_current_context < 0
-          ? nullptr
-          : reinterpret_cast<context_t>(static_cast<std::uintptr_t>(sim_current_context) + 1);
+  *context = sim_current_context < 0
+                 ? nullptr
+                 : as_pointer(static_cast<std::uintptr_t>(sim_current_context) + 1);
   return error::success;
 }
 

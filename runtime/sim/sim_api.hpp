@@ -100,6 +100,9 @@ struct sim_options {
   // The race checker (rules are always enforced).
   bool check_order = default_check_order();
   report_action on_report = default_report_action();
+  // Also print each report to stderr as it is made (the "sim:N" mode does:
+  // nobody claims its reports).
+  bool print_reports = false;
 };
 
 struct sim_stats {

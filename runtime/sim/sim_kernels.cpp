@@ -75,6 +75,7 @@ error sim_api::launch_kernel(std::shared_ptr<const device_kernel> kernel, stream
                         fault));
   }
   std::vector<access> accesses;
+  accesses.reserve(inputs.size() + 1);
   for (const memory_range& r : inputs) {
     accesses.push_back({reinterpret_cast<std::uintptr_t>(r.begin), r.bytes, access_kind::read});
   }

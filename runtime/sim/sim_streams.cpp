@@ -26,16 +26,16 @@ std::string thread_name() {
   return out.str();
 }
 
-// Waits until `ev`'s record `generation` completed, or the context failed.
+// Waits under `mutex` until `complete()`, or until the context failed,
+// which never completes it.
 template <typename Failed>
-void wait_for_record(std::shared_ptr<void> keep, std::mutex& mutex, std::condition_variable& done,
+void wait_for_record(std::mutex& mutex, std::condition_variable& done,
                      const std::function<bool()>& complete, Failed failed) {
   std::unique_lock lock(mutex);
   while (!complete()) {
-    if (failed()) return;  // a failed context never completes it
+    if (failed()) return;
     done.wait_for(lock, std::chrono::milliseconds(2));
   }
-  (void)keep;
 }
 
 }  // namespace
@@ -124,7 +124,7 @@ void sim_api::chain(const std::shared_ptr<stream>& waiter,
   });
   push(*waiter, [this, ev] {
     wait_for_record(
-        ev, ev->mutex, ev->done, [&] { return ev->pending.empty(); },
+        ev->mutex, ev->done, [&] { return ev->pending.empty(); },
         [this] { return sticky_error() != error::success; });
   });
   if (options_.check_order) checker_.wait_for_stream(waiter->agent, signaller->agent);
@@ -381,7 +381,7 @@ error sim_api::stream_wait_event(stream_t stream_handle, event_t handle, site wh
   push(*s, [this, ev, generation, since = epoch()] {
     if (failed_since(since)) return;
     wait_for_record(
-        ev, ev->mutex, ev->done, [&] { return ev->complete(generation); },
+        ev->mutex, ev->done, [&] { return ev->complete(generation); },
         [this] { return sticky_error() != error::success; });
   });
   return error::success;

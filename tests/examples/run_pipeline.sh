@@ -2,6 +2,8 @@
 # Runs the pipeline example briefly and checks its summary and exit status.
 #   run_pipeline.sh PIPELINE [pipeline flags...]
 set -euo pipefail
+# Simulated GPUs stop at the first broken CUDA rule or stream-order race.
+export DLASYNC_SIM_CHECK=abort
 pipeline=$1
 shift
 out=$(mktemp)

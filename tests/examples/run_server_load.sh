@@ -4,6 +4,8 @@
 # both reports and exit statuses.
 #   run_server_load.sh SERVER CLIENT [server flags...]
 set -uo pipefail
+# Simulated GPUs stop at the first broken CUDA rule or stream-order race.
+export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2

@@ -47,6 +47,9 @@ struct environment {
   __builtin_trap();
 }
 
+// Waits for the work on the caller's stream `s`. A stream value that is no
+// stream of `d` (a fuzzed one) could not be ordered on the device either:
+// the import then resumed when the data was ready.
 void wait_for_stream(cuda::api& api, int d, cuda::stream_t s) {
   api.set_device(d);
   cuda::event_t ev = nullptr;
@@ -54,99 +57,94 @@ void wait_for_stream(cuda::api& api, int d, cuda::stream_t s) {
   if (api.event_record(ev, s) == cuda::error::success) {
     while (api.event_query(ev) == cuda::error::not_ready) std::this_thread::yield();
   }
-
-  environment& env() {
-    static environment* e = [] {
-      auto* out = new environment;
-      cuda::sim_options so;
-      so.devices = 2;
-      so.memory_per_device = memory_limit;
-      so.min_sleep_us = 1e9;  // no simulated time: copies run at once
-      // Rules and races are checked; reports are collected and judged after
-      // each input (see simulation_findings).
-      so.check_order = true;
-      so.on_report = cuda::report_action::collect;
-      absl::StatusOr<testing::sim_runtime> made =
-          testing::build_sim_runtime(so, [](runtime_options& o) {
-            o.topology = process_topology::single_process(2);
-            o.copy_memory_budget = memory_limit;
-            o.staging_chunks = 2;
-            o.staging_chunk_bytes = 16 << 10;
-          });
-      if (!made.ok()) fail("the runtime could not be made");
-      out->sim = std::move(made->sim);
-      out->rt = std::move(made->rt);
-      cuda::api& api = *out->sim;
-      out->regions[0] = std::aligned_alloc(4096, region_bytes);
-      if (api.malloc_host(&out->regions[1], region_bytes) != cuda::error::success) fail("pinned");
-      for (int d = 0; d < 2; ++d) {
-        api.set_device(d);
-        if (api.stream_create(&out->streams[d], cuda::stream_flags::non_blocking) !=
-            cuda::error::success)
-          fail("stream");
-        if (api.malloc_async(&out->regions[2 + d], region_bytes, out->streams[d]) !=
-            cuda::error::success) {
-          fail("device memory");
-        }
-        // Usable on other streams once the host has seen the allocation.
-        wait_for_stream(api, d, out->streams[d]);
-      }
-      api.set_device(0);
-      if (api.malloc_managed(&out->regions[4], region_bytes) != cuda::error::success)
-        fail("managed");
-      // Simulated device memory is host memory: fill every region directly.
-      for (void* r : out->regions) {
-        auto* bytes = static_cast<unsigned char*>(r);
-        for (std::size_t i = 0; i < region_bytes; ++i)
-          bytes[i] = static_cast<unsigned char>(i * 131 + 7);
-      }
-      return out;
-    }();
-    return *e;
-  }
-
-  std::int64_t pick_extent(FuzzedDataProvider & in, bool stride) {
-    switch (in.ConsumeIntegralInRange<int>(0, 6)) {
-      case 0: return in.ConsumeIntegralInRange<std::int64_t>(0, 9);
-      case 1: return stride ? in.ConsumeIntegralInRange<std::int64_t>(-9, 9) : 1;
-      case 2: return -1;
-      case 3: return std::int64_t{1} << in.ConsumeIntegralInRange<int>(20, 62);
-      case 4: return std::numeric_limits<std::int64_t>::max();
-      case 5: return std::numeric_limits<std::int64_t>::min();
-      default: return in.ConsumeIntegral<std::int64_t>();
-    }
-  }
-
-  std::optional<std::int64_t> pick_stream(FuzzedDataProvider & in, const environment& e) {
-    switch (in.ConsumeIntegralInRange<int>(0, 6)) {
-      case 0: return std::nullopt;
-      case 1: return -1;
-      case 2: return 0;
-      case 3: return in.ConsumeIntegralInRange<std::int64_t>(1, 2);
-      case 4: return reinterpret_cast<std::int64_t>(e.streams[0]);
-      case 5: return reinterpret_cast<std::int64_t>(e.streams[1]);
-      default: return in.ConsumeIntegral<std::int64_t>();
-    }
-  }
-
-  std::optional<device> pick_device(FuzzedDataProvider & in) {
-    static constexpr device choices[] = {
-        {device_kind::cpu, 0},  {device_kind::cpu, 1},          {device_kind::cuda, 0},
-        {device_kind::cuda, 1}, {device_kind::cuda_host, 0},    {device_kind::cuda_managed, 0},
-        {device_kind::cuda, 2}, {device_kind::cuda_managed, 1}, {device_kind::rocm, 0}};
-    const int k = in.ConsumeIntegralInRange<int>(0, 10);
-    if (k == 9) return std::nullopt;
-    if (k == 10) {
-      return device{static_cast<device_kind>(in.ConsumeIntegralInRange<std::int32_t>(-2, 40)),
-                    in.ConsumeIntegralInRange<std::int32_t>(-2, 4)};
-    }
-    return choices[k];
-  }
-
-  // Waits for the work on the caller's stream `s`. A stream value that is no
-  // stream of `d` (a fuzzed one) could not be ordered on the device either:
-  // the import then resumed when the data was ready.
   api.event_destroy(ev);
+}
+
+environment& env() {
+  static environment* e = [] {
+    auto* out = new environment;
+    cuda::sim_options so;
+    so.devices = 2;
+    so.memory_per_device = memory_limit;
+    so.min_sleep_us = 1e9;  // no simulated time: copies run at once
+    // Rules and races are checked; reports are collected and judged after
+    // each input (see simulation_findings).
+    so.check_order = true;
+    so.on_report = cuda::report_action::collect;
+    absl::StatusOr<testing::sim_runtime> made =
+        testing::build_sim_runtime(so, [](runtime_options& o) {
+          o.topology = process_topology::single_process(2);
+          o.copy_memory_budget = memory_limit;
+          o.staging_chunks = 2;
+          o.staging_chunk_bytes = 16 << 10;
+        });
+    if (!made.ok()) fail("the runtime could not be made");
+    out->sim = std::move(made->sim);
+    out->rt = std::move(made->rt);
+    cuda::api& api = *out->sim;
+    out->regions[0] = std::aligned_alloc(4096, region_bytes);
+    if (api.malloc_host(&out->regions[1], region_bytes) != cuda::error::success) fail("pinned");
+    for (int d = 0; d < 2; ++d) {
+      api.set_device(d);
+      if (api.stream_create(&out->streams[d], cuda::stream_flags::non_blocking) !=
+          cuda::error::success)
+        fail("stream");
+      if (api.malloc_async(&out->regions[2 + d], region_bytes, out->streams[d]) !=
+          cuda::error::success) {
+        fail("device memory");
+      }
+      // Usable on other streams once the host has seen the allocation.
+      wait_for_stream(api, d, out->streams[d]);
+    }
+    api.set_device(0);
+    if (api.malloc_managed(&out->regions[4], region_bytes) != cuda::error::success) fail("managed");
+    // Simulated device memory is host memory: fill every region directly.
+    for (void* r : out->regions) {
+      auto* bytes = static_cast<unsigned char*>(r);
+      for (std::size_t i = 0; i < region_bytes; ++i)
+        bytes[i] = static_cast<unsigned char>(i * 131 + 7);
+    }
+    return out;
+  }();
+  return *e;
+}
+
+std::int64_t pick_extent(FuzzedDataProvider& in, bool stride) {
+  switch (in.ConsumeIntegralInRange<int>(0, 6)) {
+    case 0: return in.ConsumeIntegralInRange<std::int64_t>(0, 9);
+    case 1: return stride ? in.ConsumeIntegralInRange<std::int64_t>(-9, 9) : 1;
+    case 2: return -1;
+    case 3: return std::int64_t{1} << in.ConsumeIntegralInRange<int>(20, 62);
+    case 4: return std::numeric_limits<std::int64_t>::max();
+    case 5: return std::numeric_limits<std::int64_t>::min();
+    default: return in.ConsumeIntegral<std::int64_t>();
+  }
+}
+
+std::optional<std::int64_t> pick_stream(FuzzedDataProvider& in, const environment& e) {
+  switch (in.ConsumeIntegralInRange<int>(0, 6)) {
+    case 0: return std::nullopt;
+    case 1: return -1;
+    case 2: return 0;
+    case 3: return in.ConsumeIntegralInRange<std::int64_t>(1, 2);
+    case 4: return reinterpret_cast<std::int64_t>(e.streams[0]);
+    case 5: return reinterpret_cast<std::int64_t>(e.streams[1]);
+    default: return in.ConsumeIntegral<std::int64_t>();
+  }
+}
+
+std::optional<device> pick_device(FuzzedDataProvider& in) {
+  static constexpr device choices[] = {
+      {device_kind::cpu, 0},  {device_kind::cpu, 1},          {device_kind::cuda, 0},
+      {device_kind::cuda, 1}, {device_kind::cuda_host, 0},    {device_kind::cuda_managed, 0},
+      {device_kind::cuda, 2}, {device_kind::cuda_managed, 1}, {device_kind::rocm, 0}};
+  const int k = in.ConsumeIntegralInRange<int>(0, 10);
+  if (k == 9) return std::nullopt;
+  if (k == 10) {
+    return device{static_cast<device_kind>(in.ConsumeIntegralInRange<std::int32_t>(-2, 40)),
+                  in.ConsumeIntegralInRange<std::int32_t>(-2, 4)};
+  }
+  return choices[k];
 }
 
 bool eventually(const std::atomic<int>& count, int value) {
@@ -280,8 +278,13 @@ int run(FuzzedDataProvider& in, environment& e, bool versioned) {
     if (!source.empty()) fail("an accepted tensor was not consumed");
     if (options.consumer_stream && *options.consumer_stream != stream_no_sync &&
         plan->target.kind == device_kind::cuda) {
-      wait_for_stream(*e.sim, plan->target.ordinal,
-                      reinterpret_cast<cuda::stream_t>(*options.consumer_stream));
+      // The event goes on the stream's own device, which may not be the
+      // target's: a wait across devices is allowed, a record is not.
+      const auto consumer = reinterpret_cast<cuda::stream_t>(*options.consumer_stream);
+      const int device = consumer == e.streams[1]   ? 1
+                         : consumer == e.streams[0] ? 0
+                                                    : plan->target.ordinal;
+      wait_for_stream(*e.sim, device, consumer);
     }
     if (!plan->type.is_sub_byte()) {
       check_elements(*result, plan->address, shape,

@@ -136,6 +136,10 @@ TEST_CASE("the gather handles 64 dimensions, zero strides and compact bytes", "[
   // Packed sub-byte data is gathered as compact bytes.
   strided_layout bytes{1, {77}, {1}};
   check_gather(bytes, 3, 1);
+  // An empty tensor reaches nothing, whatever its other extents and
+  // strides (row-major strides saturate for it): found by the fuzzer.
+  strided_layout empty{4, {std::int64_t{1} << 60, 0}, {INT64_MAX, 1}};
+  CHECK(source_extent(&wide, empty).bytes == 0);
   strided_layout too_many = wide;
   too_many.shape.push_back(1);
   too_many.strides.push_back(1);

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<api>> make_api(const std::string& mode,
     o.device_to_host_gbps = simulation.device_to_host_gbps;
     o.device_to_device_gbps = simulation.device_to_device_gbps;
     o.device_reuse_bytes = simulation.device_reuse_bytes;
+    o.print_reports = true;
     if (mode != "sim" &&
         (!absl::SimpleAtoi(mode.substr(4), &o.devices) || o.devices < 1 || o.devices > 64)) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -96,10 +96,15 @@ absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const v
 }
 
 cuda::memory_range source_extent(const void* src, const strided_layout& layout) {
+  // An empty tensor reaches nothing, whatever its other extents and strides
+  // (which validation does not bound then); a non-empty one's span was
+  // checked for overflow by validation.
+  for (const std::int64_t e : layout.shape) {
+    if (e == 0) return {src, 0};
+  }
   std::int64_t low = 0;
   std::int64_t high = 0;
   for (std::size_t d = 0; d < layout.shape.size(); ++d) {
-    if (layout.shape[d] == 0) return {src, 0};
     const std::int64_t reach = (layout.shape[d] - 1) * layout.strides[d];
     (reach < 0 ? low : high) += reach;
   }
