@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 
@@ -79,7 +80,9 @@ std::vector<std::string> order_checker::enqueue(std::uint32_t stream,
   for (const access& a : accesses) {
     if (a.bytes == 0) continue;
     const std::uintptr_t end = a.begin + a.bytes;
-    for (const record& r : records_) {
+    auto bucket = records_.find(a.allocation);
+    if (bucket == records_.end()) continue;
+    for (const record& r : bucket->second) {
       if (r.end <= a.begin || r.begin >= end) continue;
       if (r.stream == stream) continue;  // one stream runs in order
       if (now.size() > r.stream && now[r.stream] >= r.tick) continue;
@@ -93,17 +96,20 @@ std::vector<std::string> order_checker::enqueue(std::uint32_t stream,
   for (const access& a : accesses) {
     if (a.bytes == 0) continue;
     const std::uintptr_t end = a.begin + a.bytes;
+    std::vector<record>& bucket = records_[a.allocation];
     if (a.kind == access_kind::free) {
       // Everything before the free is ordered before it or reported; later
       // uses are the simulation's to refuse (the memory is gone).
-      std::erase_if(records_, [&](const record& r) { return r.end > a.begin && r.begin < end; });
+      count_ -=
+          std::erase_if(bucket, [&](const record& r) { return r.end > a.begin && r.begin < end; });
       continue;
     }
-    records_.push_back({a.begin, end, a.kind, stream, tick, shared});
+    bucket.push_back({a.begin, end, a.kind, stream, tick, shared});
+    ++count_;
   }
-  if (records_.size() >= prune_at_) {
+  if (count_ >= prune_at_) {
     prune();
-    prune_at_ = std::max<std::size_t>(256, records_.size() * 2);
+    prune_at_ = std::max<std::size_t>(256, count_ * 2);
   }
   return found;
 }
@@ -136,16 +142,19 @@ void order_checker::host_learns_everything() {
   prune();
 }
 
-std::vector<std::string> order_checker::host_access(std::uintptr_t begin, std::uint64_t bytes,
-                                                    host_use use, const op_label& label) {
+std::vector<std::string> order_checker::host_access(std::uintptr_t allocation, std::uintptr_t begin,
+                                                    std::uint64_t bytes, host_use use,
+                                                    const op_label& label) {
   std::lock_guard lock(mutex_);
   std::vector<std::string> found;
-  if (bytes == 0) return found;
+  auto bucket = records_.find(allocation);
+  if (bytes == 0 || bucket == records_.end()) return found;
   const std::uintptr_t end = begin + bytes;
-  for (const record& r : records_) {
-    if (r.end <= begin || r.begin >= end) continue;
-    if (label.owner != 0 && r.label->owner != label.owner) continue;
-    if (host_knows(r)) continue;
+  auto mine = [&](const record& r) {
+    return r.end > begin && r.begin < end && (label.owner == 0 || r.label->owner == label.owner);
+  };
+  for (const record& r : bucket->second) {
+    if (!mine(r) || host_knows(r)) continue;
     if (use == host_use::read && r.kind == access_kind::read) continue;
     found.push_back(absl::StrCat("race: the host ", verb(use), " ", range(begin, bytes), " (",
                                  label.call, site(label), ") while ", describe(r), " ",
@@ -153,27 +162,28 @@ std::vector<std::string> order_checker::host_access(std::uintptr_t begin, std::u
                                  ", which the host has not seen complete (no event query, "
                                  "synchronization or drain covers it)"));
   }
-  if (use == host_use::release) {
-    std::erase_if(records_, [&](const record& r) {
-      return r.end > begin && r.begin < end && (label.owner == 0 || r.label->owner == label.owner);
-    });
-  }
+  if (use == host_use::release) count_ -= std::erase_if(bucket->second, mine);
   return found;
 }
 
-void order_checker::forget(std::uintptr_t begin, std::uint64_t bytes) {
+void order_checker::forget(std::uintptr_t allocation) {
   std::lock_guard lock(mutex_);
-  const std::uintptr_t end = begin + std::max<std::uint64_t>(bytes, 1);
-  std::erase_if(records_, [&](const record& r) { return r.end > begin && r.begin < end; });
+  auto bucket = records_.find(allocation);
+  if (bucket == records_.end()) return;
+  count_ -= bucket->second.size();
+  records_.erase(bucket);
 }
 
 std::size_t order_checker::records() const {
   std::lock_guard lock(mutex_);
-  return records_.size();
+  return count_;
 }
 
 void order_checker::prune() {
-  std::erase_if(records_, [this](const record& r) { return host_knows(r); });
+  for (auto it = records_.begin(); it != records_.end();) {
+    count_ -= std::erase_if(it->second, [this](const record& r) { return host_knows(r); });
+    it = it->second.empty() ? records_.erase(it) : std::next(it);
+  }
 }
 
 std::vector<std::string> take_sim_reports() {

@@ -36,6 +36,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/src/cuda/cuda_api.hpp"
@@ -44,11 +45,14 @@ namespace dlasync::cuda {
 
 enum class access_kind : std::uint8_t { read, write, allocate, free };
 
-// One byte range an operation touches.
+// One byte range an operation touches, within the allocation that starts at
+// `allocation` (records are kept per allocation: only accesses to one
+// allocation can overlap).
 struct access {
   std::uintptr_t begin = 0;
   std::uint64_t bytes = 0;
   access_kind kind = access_kind::read;
+  std::uintptr_t allocation = 0;
 };
 
 // An operation as reports name it.
@@ -87,11 +91,12 @@ class order_checker {
   // The host is about to `use` [begin, begin + bytes): checked against the
   // work of copy `label.owner` only, when that is not 0. Returns the
   // reports.
-  std::vector<std::string> host_access(std::uintptr_t begin, std::uint64_t bytes, host_use use,
-                                       const op_label& label);
+  std::vector<std::string> host_access(std::uintptr_t allocation, std::uintptr_t begin,
+                                       std::uint64_t bytes, host_use use, const op_label& label);
 
-  // The range was (re)allocated or left the quarantine: its history ends.
-  void forget(std::uintptr_t begin, std::uint64_t bytes);
+  // The allocation at `allocation` was made or left the quarantine: its
+  // history ends.
+  void forget(std::uintptr_t allocation);
 
   // Accesses on record, for tests of the pruning.
   std::size_t records() const;
@@ -118,7 +123,8 @@ class order_checker {
   std::vector<std::string> names_;
   std::vector<clock> streams_;
   clock host_;
-  std::vector<record> records_;
+  std::unordered_map<std::uintptr_t, std::vector<record>> records_;  // by allocation
+  std::size_t count_ = 0;
   std::size_t prune_at_ = 256;
 };
 

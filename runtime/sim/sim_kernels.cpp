@@ -76,11 +76,12 @@ error sim_api::launch_kernel(std::shared_ptr<const device_kernel> kernel, stream
   }
   std::vector<access> accesses;
   accesses.reserve(inputs.size() + 1);
-  for (const memory_range& r : inputs) {
-    accesses.push_back({reinterpret_cast<std::uintptr_t>(r.begin), r.bytes, access_kind::read});
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    accesses.push_back({reinterpret_cast<std::uintptr_t>(inputs[i].begin), inputs[i].bytes,
+                        access_kind::read, in[i].base});
   }
   accesses.push_back({reinterpret_cast<std::uintptr_t>(kernel->output()), kernel->output_bytes(),
-                      access_kind::write});
+                      access_kind::write, out.base});
   const bool faults = !fault.empty();
   enqueue(
       s,

@@ -97,8 +97,8 @@ error sim_api::malloc_async(void** pointer, std::size_t bytes, stream_t stream_h
       e != error::success) {
     return failed(e);
   }
-  const access allocated{reinterpret_cast<std::uintptr_t>(*pointer),
-                         std::max<std::uint64_t>(bytes, 1), access_kind::allocate};
+  const auto base = reinterpret_cast<std::uintptr_t>(*pointer);
+  const access allocated{base, std::max<std::uint64_t>(bytes, 1), access_kind::allocate, base};
   enqueue(s, {}, {&allocated, 1},
           {absl::StrCat("cudaMallocAsync (", bytes, " bytes)"), site_name(where)});
   return error::success;
@@ -142,7 +142,7 @@ error sim_api::allocate(void** pointer, std::size_t bytes, memory_type type, int
     return error::memory_allocation;
   }
   // Memory at this address starts a new history.
-  checker_.forget(reinterpret_cast<std::uintptr_t>(p), rounded);
+  checker_.forget(reinterpret_cast<std::uintptr_t>(p));
   std::lock_guard lock(mutex_);
   memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, device, type, pool, state::live};
   *pointer = p;
@@ -172,7 +172,7 @@ void sim_api::release_locked(std::map<std::uintptr_t, allocation>::iterator it) 
     quarantined_bytes_ -= size;
     memory_.erase(old);
     std::free(as_pointer(old));
-    checker_.forget(old, size);
+    checker_.forget(old);
   }
 }
 
@@ -207,7 +207,7 @@ error sim_api::free_async(void* pointer, stream_t stream_handle, site where) {
     return refuse(error::invalid_value, "cudaFreeAsync",
                   absl::StrCat(wrong, " (", absl::Hex(address), ")"), where);
   }
-  const access freed{address, std::max<std::uint64_t>(bytes, 1), access_kind::free};
+  const access freed{address, std::max<std::uint64_t>(bytes, 1), access_kind::free, address};
   // Freed in stream order; a failed context still returns the memory.
   enqueue(
       s,
@@ -228,7 +228,7 @@ error sim_api::malloc_host(void** pointer, std::size_t bytes) {
   // Page-locked memory is resident: touch every page now, so that copies
   // do not page-fault through it.
   std::memset(p, 0, rounded);
-  checker_.forget(reinterpret_cast<std::uintptr_t>(p), rounded);
+  checker_.forget(reinterpret_cast<std::uintptr_t>(p));
   std::lock_guard lock(mutex_);
   memory_[reinterpret_cast<std::uintptr_t>(p)] = {bytes, sim_current_device, memory_type::host};
   pinned_ += bytes;
@@ -405,10 +405,11 @@ error sim_api::memcpy_async(void* dst, const void* src, std::size_t bytes, memcp
   }
   std::vector<access> accesses;
   if (from.known) {
-    accesses.push_back({reinterpret_cast<std::uintptr_t>(src), bytes, access_kind::read});
+    accesses.push_back(
+        {reinterpret_cast<std::uintptr_t>(src), bytes, access_kind::read, from.base});
   }
   if (to.known) {
-    accesses.push_back({reinterpret_cast<std::uintptr_t>(dst), bytes, access_kind::write});
+    accesses.push_back({reinterpret_cast<std::uintptr_t>(dst), bytes, access_kind::write, to.base});
   }
   auto op = [this, dst, src, bytes, device, direction, gbps, since = epoch()] {
     std::shared_lock running(running_);

@@ -390,8 +390,15 @@ error sim_api::stream_wait_event(stream_t stream_handle, event_t handle, site wh
 void sim_api::host_access(const void* pointer, std::uint64_t bytes, host_use use, const char* what,
                           std::uint64_t owner, site where) {
   if (!options_.check_order) return;
-  for (std::string& r : checker_.host_access(reinterpret_cast<std::uintptr_t>(pointer), bytes, use,
-                                             {what, site_name(where), owner})) {
+  located l;
+  {
+    std::lock_guard lock(mutex_);
+    l = locate(pointer);
+  }
+  // Device work touches only CUDA memory: nothing to check elsewhere.
+  if (!l.known) return;
+  for (std::string& r : checker_.host_access(l.base, reinterpret_cast<std::uintptr_t>(pointer),
+                                             bytes, use, {what, site_name(where), owner})) {
     report(std::move(r));
   }
 }

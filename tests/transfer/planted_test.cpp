@@ -26,6 +26,24 @@ using testing::tensor_spec;
 
 constexpr int runs = 100;
 
+// Three planted mistakes are also data races on host memory in the
+// simulation, whose device memory is host memory (the host and a copy, or
+// two copies, touch the same bytes at once): ThreadSanitizer reports them
+// itself and fails the run. Under it those tests say so and stop; the plain
+// and ASan runs show the checker catching them.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool thread_sanitizer = true;
+#else
+constexpr bool thread_sanitizer = false;
+#endif
+
+bool skipped_under_thread_sanitizer() {
+  if (thread_sanitizer) {
+    WARN("skipped under ThreadSanitizer: this planted mistake races on host memory");
+  }
+  return thread_sanitizer;
+}
+
 // Turns `m` on for the lifetime of the object.
 struct planting {
   explicit planting(planted m) { detail::plant_mistakes(static_cast<unsigned>(m)); }
@@ -104,6 +122,7 @@ void caught_every_time(sim_runtime& r, planted m, std::initializer_list<const ch
 
 TEST_CASE("planted: a copy that does not wait for the producer's stream is reported",
           "[cuda][planted]") {
+  if (skipped_under_thread_sanitizer()) return;
   sim_runtime r = slow_runtime();
   std::vector<float> fresh(64 * 64);
   std::iota(fresh.begin(), fresh.end(), 0.0f);
@@ -140,6 +159,7 @@ TEST_CASE("planted: staging streams that do not wait for the destination's alloc
 
 TEST_CASE("planted: a staging chunk back in the pool while its upload reads it",
           "[cuda][planted]") {
+  if (skipped_under_thread_sanitizer()) return;
   sim_runtime r = slow_runtime();
   std::vector<float> host(256 * 256, 1.0f);
   caught_every_time(r, planted::early_chunk_return,
@@ -154,6 +174,7 @@ TEST_CASE("planted: a staging chunk back in the pool while its upload reads it",
 
 TEST_CASE("planted: a downloaded chunk copied out before its transfer completed",
           "[cuda][planted]") {
+  if (skipped_under_thread_sanitizer()) return;
   sim_runtime r = slow_runtime();
   std::vector<float> host(64 * 64, 1.0f);
   testing::device_memory mem(*r.sim, 0, host.data(), host.size() * sizeof(float));
