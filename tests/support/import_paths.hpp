@@ -115,7 +115,10 @@ struct source_memory {
   void* data = nullptr;
   std::size_t elements = 0;
 
-  source_memory(cuda::sim_api& s, std::shared_ptr<unfreed_memory> u, const path_case& p)
+  // With `synchronize_now` false, the caller synchronizes the legacy
+  // streams itself before any import uses the memory (many at once).
+  source_memory(cuda::sim_api& s, std::shared_ptr<unfreed_memory> u, const path_case& p,
+                bool synchronize_now = true)
       : sim(s), unfreed(std::move(u)), where(p.source) {
     elements = 1;
     for (std::int64_t e : p.shape) elements *= static_cast<std::size_t>(e);
@@ -141,7 +144,7 @@ struct source_memory {
         REQUIRE(sim.malloc_async(&data, bytes, legacy_stream()) == cuda::error::success);
         // Stream-ordered memory is usable on other streams once they are
         // ordered after the allocation: here, once the host has seen it.
-        synchronize(sim, legacy_stream());
+        if (synchronize_now) synchronize(sim, legacy_stream());
         std::memcpy(data, values.data(), bytes);  // simulated device memory is host memory
         break;
     }

@@ -128,10 +128,22 @@ round_totals storm_round(std::uint32_t seed, int imports) {
   // A random share of the imports is started before the runtime goes.
   const int launched =
       imports / 2 + static_cast<int>(random() % static_cast<std::uint32_t>(imports / 2));
+  // The sources first, their stream-ordered allocations then made usable on
+  // every stream with one synchronization per GPU.
+  std::vector<const path_case*> picked;
+  std::vector<std::shared_ptr<source_memory>> sources;
+  for (int i = 0; i < launched; ++i) {
+    picked.push_back(&all[random() % all.size()]);
+    sources.push_back(std::make_shared<source_memory>(*sim, unfreed, *picked.back(), false));
+  }
+  for (int d = 0; d < 2; ++d) {
+    REQUIRE(sim->set_device(d) == cuda::error::success);
+    testing::synchronize(*sim, testing::legacy_stream());
+  }
   int unconsumed = 0;
   for (int i = 0; i < launched; ++i) {
-    const path_case& p = all[random() % all.size()];
-    auto memory = std::make_shared<source_memory>(*sim, unfreed, p);
+    const path_case& p = *picked[static_cast<std::size_t>(i)];
+    std::shared_ptr<source_memory> memory = std::move(sources[static_cast<std::size_t>(i)]);
     testing::tensor_spec s;
     s.device = p.source;
     s.shape = p.shape;
