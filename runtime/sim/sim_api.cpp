@@ -122,6 +122,13 @@ error sim_api::refuse(error e, const char* call, const std::string& message, sit
   return failed(e);
 }
 
+error sim_api::unknown_handle(const char* call, const char* kind, site where) {
+  return refuse(
+      error::invalid_resource_handle, call,
+      absl::StrCat("the ", kind, " handle names no live ", kind, " (destroyed, or never created)"),
+      where);
+}
+
 void sim_api::report(std::string text) {
   text = absl::StrCat("dlasync simulated CUDA: ", text);
   report_count_.fetch_add(1);

@@ -215,6 +215,9 @@ class sim_api final : public api {
   static error failed(error e);
   // A broken rule: reports `message` and fails the call with `e`.
   error refuse(error e, const char* call, const std::string& message, site where);
+  // refuse() for a `kind` ("stream", "event") handle that names nothing
+  // live: cudaErrorInvalidResourceHandle.
+  error unknown_handle(const char* call, const char* kind, site where);
   void report(std::string text);
   void open_context(int device);
   // Under mutex_: the context fails with `e`.

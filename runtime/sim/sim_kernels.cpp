@@ -13,8 +13,7 @@ error sim_api::launch_kernel(std::shared_ptr<const device_kernel> kernel, stream
   if (error e = enter(name); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, name,
-                  "the stream handle names no live stream (destroyed, or never created)", where);
+    return unknown_handle(name, "stream", where);
   }
   if (s->device != sim_current_device) {
     return refuse(error::invalid_resource_handle, name,

@@ -88,8 +88,7 @@ error sim_api::malloc_async(void** pointer, std::size_t bytes, stream_t stream_h
   if (error e = enter("cudaMallocAsync"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, "cudaMallocAsync",
-                  "the stream handle names no live stream (destroyed, or never created)", where);
+    return unknown_handle("cudaMallocAsync", "stream", where);
   }
   // From the pool of the stream's device, whichever device is current.
   open_context(s->device);
@@ -180,8 +179,7 @@ error sim_api::free_async(void* pointer, stream_t stream_handle, site where) {
   if (error e = enter("cudaFreeAsync"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, "cudaFreeAsync",
-                  "the stream handle names no live stream (destroyed, or never created)", where);
+    return unknown_handle("cudaFreeAsync", "stream", where);
   }
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   std::string wrong;
@@ -332,8 +330,7 @@ error sim_api::memcpy_async(void* dst, const void* src, std::size_t bytes, memcp
   if (error e = enter("cudaMemcpyAsync"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, "cudaMemcpyAsync",
-                  "the stream handle names no live stream (destroyed, or never created)", where);
+    return unknown_handle("cudaMemcpyAsync", "stream", where);
   }
   located from;
   located to;

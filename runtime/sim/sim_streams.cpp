@@ -224,8 +224,7 @@ error sim_api::launch_host_func(stream_t handle, std::function<void()> fn, site 
   if (error e = enter("cudaLaunchHostFunc"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, "cudaLaunchHostFunc",
-                  "the stream handle names no live stream (destroyed, or never created)", where);
+    return unknown_handle("cudaLaunchHostFunc", "stream", where);
   }
   enqueue(s, std::move(fn), {}, {"cudaLaunchHostFunc", site_name(where)});
   return error::success;
@@ -235,9 +234,7 @@ error sim_api::stream_get_device(stream_t handle, int* device) {
   if (error e = enter("cudaStreamGetDevice"); e != error::success) return failed(e);
   std::shared_ptr<stream> s = find_stream(handle);
   if (!s) {
-    return refuse(error::invalid_resource_handle, "cudaStreamGetDevice",
-                  "the stream handle names no live stream (destroyed, or never created)",
-                  site::current());
+    return unknown_handle("cudaStreamGetDevice", "stream", site::current());
   }
   *device = s->device;
   return error::success;
@@ -310,10 +307,7 @@ error sim_api::event_record(event_t handle, stream_t stream_handle, site where) 
   std::shared_ptr<event> ev = find_event(handle);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!ev || !s) {
-    return refuse(error::invalid_resource_handle, "cudaEventRecord",
-                  absl::StrCat("the ", !ev ? "event" : "stream", " handle names no live ",
-                               !ev ? "event" : "stream", " (destroyed, or never created)"),
-                  where);
+    return unknown_handle("cudaEventRecord", !ev ? "event" : "stream", where);
   }
   if (ev->device != s->device) {
     return refuse(error::invalid_resource_handle, "cudaEventRecord",
@@ -346,9 +340,7 @@ error sim_api::event_query(event_t handle) {
   if (error e = enter("cudaEventQuery"); e != error::success) return failed(e);
   std::shared_ptr<event> ev = find_event(handle);
   if (!ev) {
-    return refuse(error::invalid_resource_handle, "cudaEventQuery",
-                  "the event handle names no live event (destroyed, or never created)",
-                  site::current());
+    return unknown_handle("cudaEventQuery", "event", site::current());
   }
   order_checker::clock learned;
   {
@@ -365,10 +357,7 @@ error sim_api::stream_wait_event(stream_t stream_handle, event_t handle, site wh
   std::shared_ptr<event> ev = find_event(handle);
   std::shared_ptr<stream> s = find_stream(stream_handle);
   if (!ev || !s) {
-    return refuse(error::invalid_resource_handle, "cudaStreamWaitEvent",
-                  absl::StrCat("the ", !ev ? "event" : "stream", " handle names no live ",
-                               !ev ? "event" : "stream", " (destroyed, or never created)"),
-                  where);
+    return unknown_handle("cudaStreamWaitEvent", !ev ? "event" : "stream", where);
   }
   std::lock_guard order(order_mutex_);
   order_with_legacy(s);

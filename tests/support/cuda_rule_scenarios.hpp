@@ -18,6 +18,32 @@ inline cuda::stream_t per_thread_stream() {
   return reinterpret_cast<cuda::stream_t>(2);
 }
 
+// Imports the strided `type` tensor `c` at `data` + `byte_offset` on GPU
+// `device_ordinal` as a compact copy there (the gather), and checks its
+// bytes against the host's copy of the memory, `host`, and its deleter.
+inline void compact_on_gpu(runtime& rt, int device_ordinal, void* data, const void* host,
+                           std::uint64_t byte_offset, dtype type, const layout_case& c) {
+  tensor_spec s;
+  s.device = {device_kind::cuda, device_ordinal};
+  s.type = type;
+  s.shape = c.shape;
+  s.strides = c.strides;
+  s.data = data;
+  s.byte_offset = byte_offset;
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  import_options o;
+  o.require_contiguous = true;
+  absl::StatusOr<tensor> t = import_now(rt, source, o);
+  INFO("status: " << t.status().ToString());
+  REQUIRE(t.ok());
+  CHECK(t->is_copy());
+  CHECK(read_back(*cuda_of(rt), *t) ==
+        expected_bytes(static_cast<const char*>(host) + byte_offset, c, type));
+  t = absl::UnknownError("dropped");
+  CHECK(eventually([&] { return count.calls == 1; }));
+}
+
 // A strided source whose address is not a multiple of its element size:
 // complex64 at 4 mod 8 and complex128 at 8 mod 16, transposed, compacted on
 // their GPU. The gather must move words the addresses allow; 8- or 16-byte
@@ -33,25 +59,8 @@ inline void scenario_misaligned_gather(runtime& rt, int device_ordinal) {
     std::vector<std::uint8_t> host(static_cast<std::size_t>(rows * cols) * element + 64);
     std::iota(host.begin(), host.end(), std::uint8_t{3});
     device_memory mem(api, device_ordinal, host.data(), host.size());
-    layout_case c{"transposed", {cols, rows}, std::vector<std::int64_t>{1, cols}};
-    tensor_spec s;
-    s.device = {device_kind::cuda, device_ordinal};
-    s.type = type;
-    s.shape = c.shape;
-    s.strides = c.strides;
-    s.data = mem.data;
-    s.byte_offset = misalign;
-    deleter_count count;
-    managed_tensor source = make_tensor(s, count);
-    import_options o;
-    o.require_contiguous = true;
-    absl::StatusOr<tensor> t = import_now(rt, source, o);
-    INFO("status: " << t.status().ToString());
-    REQUIRE(t.ok());
-    CHECK(t->is_copy());
-    CHECK(read_back(api, *t) == expected_bytes(host.data() + misalign, c, type));
-    t = absl::UnknownError("dropped");
-    CHECK(eventually([&] { return count.calls == 1; }));
+    compact_on_gpu(rt, device_ordinal, mem.data, host.data(), misalign, type,
+                   {"transposed", {cols, rows}, std::vector<std::int64_t>{1, cols}});
   }
 }
 
@@ -69,21 +78,9 @@ inline void scenario_launch_after_failed_call(runtime& rt, int device_ordinal) {
   REQUIRE(api.set_device(count_devices + 7) != cuda::error::success);  // sets the last error
   REQUIRE(api.peek_at_last_error() != cuda::error::success);
   REQUIRE(api.set_device(device_ordinal) == cuda::error::success);
-  layout_case c{"transposed", {32, 64}, std::vector<std::int64_t>{1, 32}};
-  tensor_spec s;
-  s.device = {device_kind::cuda, device_ordinal};
-  s.shape = c.shape;
-  s.strides = c.strides;
-  s.data = mem.data;
-  deleter_count count;
-  managed_tensor source = make_tensor(s, count);
-  import_options o;
-  o.require_contiguous = true;
   // Budget is free: the copy, and the gather's launch, start on this thread.
-  absl::StatusOr<tensor> t = import_now(rt, source, o);
-  INFO("status: " << t.status().ToString());
-  REQUIRE(t.ok());
-  CHECK(read_back(api, *t) == expected_bytes(host.data(), c, dtypes::float32));
+  compact_on_gpu(rt, device_ordinal, mem.data, host.data(), 0, dtypes::float32,
+                 {"transposed", {32, 64}, std::vector<std::int64_t>{1, 32}});
   (void)api.get_last_error();
 }
 

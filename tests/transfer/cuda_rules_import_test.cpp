@@ -24,6 +24,19 @@ using testing::make_tensor;
 using testing::sim_runtime;
 using testing::tensor_spec;
 
+// The runtime of local rank `rank` of 2 processes on a node of 2 simulated
+// GPUs: it owns cuda:`rank`.
+sim_runtime local_rank_runtime(int rank) {
+  return make_sim_runtime({}, [rank](runtime_options& o) {
+    process_topology t;
+    t.rank = rank;
+    t.world_size = 2;
+    t.local_rank = rank;
+    t.local_world_size = 2;
+    o.topology = t;
+  });
+}
+
 }  // namespace
 
 TEST_CASE("a misaligned strided source is gathered with the words its address allows",
@@ -79,14 +92,7 @@ TEST_CASE("a strided peer copy orders its streams with events of their own devic
 TEST_CASE("a process opens contexts only on the GPUs it owns", "[cuda][runtime][rules]") {
   for (int rank = 0; rank < 2; ++rank) {
     INFO("local rank " << rank << " of 2");
-    sim_runtime r = make_sim_runtime({}, [rank](runtime_options& o) {
-      process_topology t;
-      t.rank = rank;
-      t.world_size = 2;
-      t.local_rank = rank;
-      t.local_world_size = 2;
-      o.topology = t;
-    });
+    sim_runtime r = local_rank_runtime(rank);
     CHECK(r.sim->contexts() == std::vector<int>{rank});
     // Its GPU works; the other is refused, naming its owner.
     std::vector<float> host(256, 1.0f);
@@ -144,14 +150,7 @@ TEST_CASE("a thread with no context is left with none, and no context on device 
           "[cuda][runtime][rules]") {
   std::thread([] {
     // The process of local rank 1 of 2, serving cuda:1 only.
-    sim_runtime r = make_sim_runtime({}, [](runtime_options& o) {
-      process_topology t;
-      t.rank = 1;
-      t.world_size = 2;
-      t.local_rank = 1;
-      t.local_world_size = 2;
-      o.topology = t;
-    });
+    sim_runtime r = local_rank_runtime(1);
     std::vector<float> host(256, 1.0f);
     tensor_spec s;
     s.shape = {256};

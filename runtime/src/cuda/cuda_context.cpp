@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <iterator>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -118,34 +119,24 @@ absl::Status cuda_context::order_after(int waiter_device, cuda::stream_t waiter,
   const int device =
       planted_mistake(planted::event_of_waiter_device) ? waiter_device : signaller_device;
   DLASYNC_ASSIGN_OR_RETURN(cuda::event_t e, events_->take(device));
-  cuda::error rec = cuda::error::success;
-  cuda::error wait = cuda::error::success;
-  {
+  absl::Status status = [&]() -> absl::Status {
     // Each call with its stream's device current: the special handles (1,
     // 2) name streams of the current device.
-    absl::StatusOr<device_guard> on = device_guard::enter(*api_, signaller_device);
-    if (on.ok()) {
-      rec = api_->event_record(e, signaller, where);
-      absl::StatusOr<device_guard> there = device_guard::enter(*api_, waiter_device);
-      if (!there.ok()) {
-        events_->give(device, e);
-        return there.status();
-      }
-      if (rec == cuda::error::success) wait = api_->stream_wait_event(waiter, e, where);
-    } else {
-      events_->give(device, e);
-      return on.status();
+    DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(*api_, signaller_device));
+    DLASYNC_CUDA_RETURN_IF_ERROR("cudaEventRecord", signaller_device,
+                                 api_->event_record(e, signaller, where));
+    std::optional<device_guard> there;
+    if (waiter_device != signaller_device) {
+      DLASYNC_ASSIGN_OR_RETURN(device_guard entered, device_guard::enter(*api_, waiter_device));
+      there.emplace(std::move(entered));
     }
-  }
+    DLASYNC_CUDA_RETURN_IF_ERROR("cudaStreamWaitEvent", waiter_device,
+                                 api_->stream_wait_event(waiter, e, where));
+    return absl::OkStatus();
+  }();
   // A wait captures the event as recorded: the event can be reused now.
   events_->give(device, e);
-  if (rec != cuda::error::success) {
-    return cuda::to_status(rec, "cudaEventRecord", signaller_device);
-  }
-  if (wait != cuda::error::success) {
-    return cuda::to_status(wait, "cudaStreamWaitEvent", waiter_device);
-  }
-  return absl::OkStatus();
+  return status;
 }
 
 void cuda_context::drain(const std::vector<device_stream>& streams, std::function<void()> done) {
@@ -193,10 +184,9 @@ marker_ptr cuda_context::record_producer(int gpu, std::int64_t producer_stream) 
   int device = gpu;
   if (producer_stream != stream_legacy_default && producer_stream != stream_per_thread_default) {
     // A stream of another GPU than the tensor's is recorded with an event
-    // of its own device.
-    absl::StatusOr<device_guard> on = device_guard::enter(*api_, gpu);
+    // of its own device. A handle names its device whatever is current.
     int owner = -1;
-    if (on.ok() && api_->stream_get_device(s, &owner) == cuda::error::success && owner >= 0 &&
+    if (api_->stream_get_device(s, &owner) == cuda::error::success && owner >= 0 &&
         owner < device_count()) {
       device = owner;
     }

@@ -49,11 +49,9 @@ import_start begin_import(runtime& rt, managed_tensor& source, const import_opti
     }
     start.produced = std::move(produced);
   }
-  {
-    start.plan = *plan;
-    start.path = static_cast<std::uint8_t>(*path);
-    start.source = std::move(source);
-  }
+  start.plan = *plan;
+  start.path = static_cast<std::uint8_t>(*path);
+  start.source = std::move(source);
   return start;
 }
 

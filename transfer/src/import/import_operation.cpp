@@ -1,6 +1,5 @@
 #include "transfer/src/import/import_operation.hpp"
 
-#include "transfer/src/copy/gather.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -166,12 +165,13 @@ bool import_operation::caller_stream_follows(const marker_ptr& m) {
 
 void import_operation::release_source() {
   if (!source_) return;
-  // The simulation checks that no device work still reads it.
+  // The simulation checks that no device work of this import still reads
+  // the bytes its strides reach (validation's span).
   if (cuda::api* api = core_.cuda_api(); api != nullptr && plan_.source.kind != device_kind::cpu) {
-    const cuda::memory_range read =
-        source_extent(first_element(plan_), source_layout(*source_.dl_tensor(), plan_));
-    api->host_access(read.begin, read.bytes, cuda::host_use::release,
-                     "the DLPack deleter of the source runs", control_->owner);
+    api->host_access(static_cast<const char*>(first_element(plan_)) + plan_.span_begin,
+                     static_cast<std::uint64_t>(plan_.span_end - plan_.span_begin),
+                     cuda::host_use::release, "the DLPack deleter of the source runs",
+                     control_->owner);
   }
   source_.reset();
 }
