@@ -1,7 +1,9 @@
 #include "runtime/src/runtime_core.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "runtime/src/status_macros.hpp"
 
@@ -50,6 +52,7 @@ absl::Status runtime_core::start(const process_topology& topology) {
   host.streams_per_device = options_.streams_per_device;
   host.cache_max_bytes = options_.host_cache_bytes;
   host_ = std::make_unique<host_backend>(host, workers_);
+  completions_->attach(workers_.get_executor());
   // What each backend announces is both the registry's entries and which
   // backend backend_for names for a kind.
   std::vector<served_devices> served;
@@ -72,6 +75,7 @@ absl::Status runtime_core::start(const process_topology& topology) {
     o.staging_streams = options_.staging_streams;
     o.staging_chunk_bytes = options_.staging_chunk_bytes;
     o.staging_chunks = options_.staging_chunks;
+    o.completions = completions_;
     DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o, [&topology](int ordinal) {
                                return topology.owns_cuda_ordinal(ordinal);
                              }));
@@ -84,9 +88,39 @@ absl::Status runtime_core::start(const process_topology& topology) {
       static_cast<std::size_t>(options_.host_devices) + 1 + gpus);
   work_.emplace(io_.get_executor());
   for (int i = 0; i < options_.executor_threads; ++i) {
-    executor_threads_.emplace_back([this] { io_.run(); });
+    executor_threads_.emplace_back([this] { run_executor(); });
   }
   return absl::OkStatus();
+}
+
+void runtime_core::run_executor() {
+  while (true) {
+    try {
+      io_.run();
+      return;
+    } catch (...) {
+      // A handler threw: report it and go on serving the other handlers,
+      // instead of terminating the process (runtime_options).
+      handler_exceptions_.fetch_add(1, std::memory_order_relaxed);
+      const std::exception_ptr error = std::current_exception();
+      try {
+        if (options_.on_handler_exception) {
+          options_.on_handler_exception(error);
+        } else {
+          std::rethrow_exception(error);
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr,
+                     "dlasync: a handler on the runtime's executor threw (%s); the executor goes "
+                     "on. Catch it in the handler, or set runtime_options::on_handler_exception\n",
+                     e.what());
+      } catch (...) {
+        std::fprintf(stderr,
+                     "dlasync: a handler on the runtime's executor threw a non-std exception; the "
+                     "executor goes on\n");
+      }
+    }
+  }
 }
 
 runtime_core::~runtime_core() {
@@ -128,8 +162,12 @@ void runtime_core::end_operation(std::uint64_t id) {
 void runtime_core::shutdown() {
   std::vector<std::function<void()>> cancels;
   {
-    std::lock_guard lock(ops_mutex_);
-    if (shut_down_) return;
+    std::unique_lock lock(ops_mutex_);
+    if (shut_down_) {
+      // Another caller runs it: return once it is done, as it will.
+      shutdown_finished_.wait(lock, [this] { return shutdown_done_; });
+      return;
+    }
     shut_down_ = true;
     accepting_.store(false, std::memory_order_release);
     for (auto& [id, cancel] : ops_) cancels.push_back(cancel);
@@ -140,13 +178,23 @@ void runtime_core::shutdown() {
     ops_done_.wait(lock, [this] { return ops_.empty(); });
   }
   // Every import has released its source; now stop the threads, once no
-  // CUDA completion callback is still handing work to them.
+  // CUDA completion callback is still handing work to them. Completions
+  // that arrive later run on the reactor thread.
   if (cuda_) cuda_->quiesce();
+  completions_->detach();
   work_.reset();
   io_.stop();
   for (std::thread& t : executor_threads_) t.join();
   workers_.join();
+  // Handlers still queued on the executor are destroyed without being
+  // called, and with them the tensors they would have received.
+  io_.shutdown();
   cuda_.reset();
+  {
+    std::lock_guard lock(ops_mutex_);
+    shutdown_done_ = true;
+  }
+  shutdown_finished_.notify_all();
 }
 
 }  // namespace dlasync::detail

@@ -30,6 +30,7 @@
 #include "runtime/src/backend.hpp"
 #include "runtime/src/cuda/cuda_api.hpp"
 #include "runtime/src/cuda/cuda_backend.hpp"
+#include "runtime/src/handoff.hpp"
 #include "runtime/src/host/host_backend.hpp"
 
 namespace dlasync::detail {
@@ -59,6 +60,14 @@ class runtime_core {
   const std::shared_ptr<memory_budget>& budget() const noexcept { return budget_; }
   asio::io_context& io() noexcept { return io_; }
   asio::thread_pool& workers() noexcept { return workers_; }
+  // Where completions that arrive on the CUDA reactor, and budget grants
+  // that arrive on a thread dropping a tensor, continue: the workers, until
+  // shutdown stops them.
+  handoff& completions() noexcept { return *completions_; }
+  // Exceptions that escaped handlers on the runtime's executor.
+  std::uint64_t handler_exceptions() const noexcept {
+    return handler_exceptions_.load(std::memory_order_relaxed);
+  }
 
   host_backend& host() noexcept { return *host_; }
   // The CUDA backend, or nullptr when this runtime has none.
@@ -82,13 +91,24 @@ class runtime_core {
   std::uint64_t begin_operation(std::function<void()> cancel);
   void end_operation(std::uint64_t id);
 
-  // Stops accepting, cancels what is in flight, waits for it, then stops
-  // the threads. Idempotent.
+  // Stops accepting, cancels what is in flight, waits for it, stops the
+  // threads and destroys the handlers still queued on the executor (their
+  // tensors released). Every caller returns once that is done.
   void shutdown();
 
  private:
+  // The io_context, with its services' shutdown (which destroys the
+  // handlers it still holds) callable before its destruction.
+  class owned_io : public asio::io_context {
+   public:
+    using asio::io_context::shutdown;
+  };
+
   runtime_core(runtime_options options, runtime_hooks hooks);
   absl::Status start(const process_topology& topology);
+  // One executor thread: runs the io_context, and goes on after a handler
+  // throws (runtime_options::on_handler_exception).
+  void run_executor();
 
   runtime_options options_;
   runtime_hooks hooks_;
@@ -100,7 +120,8 @@ class runtime_core {
   // backend_for, indexed by DLPack's device-type code.
   std::array<backend*, 32> by_kind_{};
   std::optional<device_registry> registry_;
-  asio::io_context io_;
+  std::shared_ptr<handoff> completions_ = std::make_shared<handoff>();
+  owned_io io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> executor_threads_;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_stream_;
@@ -110,7 +131,10 @@ class runtime_core {
   std::condition_variable ops_done_;
   std::uint64_t next_op_ = 1;
   absl::flat_hash_map<std::uint64_t, std::function<void()>> ops_;
-  bool shut_down_ = false;
+  bool shut_down_ = false;      // shutdown has begun
+  bool shutdown_done_ = false;  // and finished
+  std::condition_variable shutdown_finished_;
+  std::atomic<std::uint64_t> handler_exceptions_{0};
 };
 
 // The core of `rt`.

@@ -230,13 +230,15 @@ TEST_CASE("a size-0 tensor with a wrapping byte offset imports without pointer o
   CHECK(count.calls == 1);
 }
 
-TEST_CASE("deferred imports start when launched, and validate at the call", "[transfer][import]") {
+TEST_CASE("deferred imports validate and consume when launched, never before",
+          "[transfer][import][asio]") {
   std::unique_ptr<runtime> rt = make_runtime();
   matrix_source m(4, 4);
   deleter_count count;
   managed_tensor source = make_tensor(m.spec, count);
   auto op = async_import_dlpack(*rt, source, to_second_cpu(), asio::experimental::deferred);
-  CHECK(source.empty());
+  // Created, not launched: the tensor is still the caller's.
+  CHECK_FALSE(source.empty());
   CHECK(count.calls == 0);
   CHECK(rt->in_flight() == 0);
   asio::io_context io;
@@ -245,15 +247,33 @@ TEST_CASE("deferred imports start when launched, and validate at the call", "[tr
     CHECK(t.ok());
     done = true;
   }));
+  CHECK(source.empty());  // launched: consumed at the start
   io.run();
   CHECK(done);
   CHECK(count.calls == 1);
 
-  // A deferred operation dropped unlaunched still releases the tensor once.
+  // A deferred operation dropped unlaunched leaves the tensor with its owner.
   deleter_count dropped;
   managed_tensor other = make_tensor(m.spec, dropped);
-  { auto unused = async_import_dlpack(*rt, other, to_second_cpu(), asio::experimental::deferred); }
+  {
+    auto never = async_import_dlpack(*rt, other, to_second_cpu(), asio::experimental::deferred);
+    static_cast<void>(never);
+  }
+  CHECK_FALSE(other.empty());
+  CHECK(dropped.calls == 0);
+  other.reset();
   CHECK(dropped.calls == 1);
+
+  // The default completion token is deferred: the same semantics.
+  deleter_count defaulted;
+  managed_tensor third = make_tensor(m.spec, defaulted);
+  auto lazy = async_import_dlpack(*rt, third, to_second_cpu());
+  CHECK_FALSE(third.empty());
+  std::future<absl::StatusOr<tensor>> f = std::move(lazy)(asio::use_future);
+  absl::StatusOr<tensor> t = f.get();
+  REQUIRE(t.ok());
+  CHECK(third.empty());
+  CHECK(defaulted.calls == 1);
 }
 
 TEST_CASE("the awaitable form copies and resumes on the caller's executor", "[transfer][import]") {

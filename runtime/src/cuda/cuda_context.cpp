@@ -49,7 +49,7 @@ absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
   context->events_ = std::make_unique<event_pool>(a, devices);
   context->chunks_ =
       std::make_unique<chunk_pool>(a, options.staging_chunk_bytes, options.staging_chunks, home);
-  context->reactor_ = std::make_unique<reactor>(a, *context->events_);
+  context->reactor_ = std::make_unique<reactor>(a);
   return context;
 }
 
@@ -86,13 +86,29 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s, cuda::api::site wh
     std::lock_guard lock(live_mutex_);
     live_[marker.get()] = {device, *e};
   }
-  reactor_->watch(device, *e, [this, marker](const absl::Status& st) {
-    {
-      std::lock_guard lock(live_mutex_);
-      live_.erase(marker.get());
-    }
-    marker->complete(st);
-  });
+  // The reactor only hands off: the marker's callbacks (deleters, the next
+  // staging piece, delivery) run on the completions executor, with the
+  // context held so that it outlives them and the event goes back after.
+  reactor_->watch(device, *e,
+                  [self = weak_from_this(), marker, device, event = *e](const absl::Status& st) {
+                    std::shared_ptr<cuda_context> context = self.lock();
+                    if (!context) return;  // torn down: nothing waits any more
+                    auto complete = [context, marker, device, event, st]() {
+                      {
+                        std::lock_guard lock(context->live_mutex_);
+                        context->live_.erase(marker.get());
+                      }
+                      marker->complete(st);
+                      // Only now: until its marker completed, a stream wait may still take
+                      // this event for the marker's (wait_for).
+                      context->events_->give(device, event);
+                    };
+                    if (context->options_.completions) {
+                      context->options_.completions->run(std::move(complete));
+                    } else {
+                      complete();
+                    }
+                  });
   return marker;
 }
 

@@ -30,6 +30,7 @@
 #include "runtime/src/cuda/cuda_api.hpp"
 #include "runtime/src/cuda/pools.hpp"
 #include "runtime/src/cuda/reactor.hpp"
+#include "runtime/src/handoff.hpp"
 
 namespace dlasync::detail {
 
@@ -40,12 +41,15 @@ struct cuda_options {
   int staging_streams = 2;
   std::uint64_t staging_chunk_bytes = 4 << 20;
   int staging_chunks = 8;
+  // Where markers' callbacks run once their events complete; null runs
+  // them on the reactor thread (tests of the context alone).
+  std::shared_ptr<handoff> completions;
 };
 
 // A stream of a device: what drains are given.
 using device_stream = std::pair<int, cuda::stream_t>;
 
-class cuda_context {
+class cuda_context : public std::enable_shared_from_this<cuda_context> {
  public:
   // Creates the streams of the GPUs `served` marks (of all the process
   // sees) and starts the reactor.
@@ -66,7 +70,8 @@ class cuda_context {
   void quiesce() { reactor_->quiesce(); }
 
   // A marker for everything enqueued on `s` (of `device`) so far. A marker
-  // that could not be recorded is returned completed, with the error.
+  // that could not be recorded is returned completed, with the error. Its
+  // callbacks run on options().completions, holding the context.
   marker_ptr record(int device, cuda::stream_t s,
                     cuda::api::site where = cuda::api::site::current());
 

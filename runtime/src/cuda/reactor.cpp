@@ -11,7 +11,7 @@ constexpr int persistent_query_failures = 3;
 
 }  // namespace
 
-reactor::reactor(cuda::api& api, event_pool& events) : api_(api), events_(events) {
+reactor::reactor(cuda::api& api) : api_(api) {
   thread_ = std::thread([this] { poll(); });
 }
 
@@ -75,9 +75,6 @@ void reactor::poll() {
       w.done(w.first_error == cuda::error::success
                  ? absl::OkStatus()
                  : cuda::to_status(w.first_error, "a stream operation (cudaEventQuery)", w.device));
-      // Only now: until its marker completed, a stream wait may still take
-      // this event for the marker's (cuda_context::wait_for).
-      events_.give(w.device, w.event);
     }
     {
       std::lock_guard lock(mutex_);

@@ -1,7 +1,9 @@
 // The CUDA reactor (internal): one thread that polls the events it watches
 // and calls each one's callback when its event completes. It spins briefly
 // while events are pending, then naps; it sleeps when nothing is watched.
-// Callbacks run on the reactor thread, one after the other.
+// Callbacks run on the reactor thread, one after the other, and must only
+// hand off (cuda_context posts what follows to the runtime's workers,
+// runtime/src/handoff.hpp): a slow callback would stall every GPU.
 //
 // Thread safety: `watch` and `quiesce` are safe from any thread.
 #pragma once
@@ -15,14 +17,14 @@
 
 #include "absl/status/status.h"
 #include "runtime/src/cuda/cuda_api.hpp"
-#include "runtime/src/cuda/pools.hpp"
 
 namespace dlasync::detail {
 
 class reactor {
  public:
-  // Returns each watched event to `events` once it completed.
-  reactor(cuda::api& api, event_pool& events);
+  // The callback of a watched event owns it once called (and gives it back
+  // to its pool).
+  explicit reactor(cuda::api& api);
   reactor(const reactor&) = delete;
   reactor& operator=(const reactor&) = delete;
   // Stops the thread; events still watched are not waited for (the runtime
@@ -52,7 +54,6 @@ class reactor {
   void poll();
 
   cuda::api& api_;
-  event_pool& events_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::vector<watched> watched_;

@@ -1,55 +1,179 @@
 #include "transfer/src/import/batch_operation.hpp"
 
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "transfer/src/copy/transfer_path.hpp"
+
 namespace dlasync::detail {
 
-std::shared_ptr<batch_operation> make_batch(std::size_t size,
-                                            absl::AnyInvocable<void(batch_result) &&> done) {
-  return std::make_shared<batch_operation>(size, std::move(done));
-}
-
-void start(const std::shared_ptr<batch_operation>& op, runtime& rt,
-           std::vector<import_start> members) {
-  op->start(rt, std::move(members));
+std::shared_ptr<batch_operation> start_batch(runtime& rt, std::span<managed_tensor> sources,
+                                             const import_options& options,
+                                             absl::AnyInvocable<void(batch_result) &&> done) {
+  auto op = std::make_shared<batch_operation>(rt, sources.size(), std::move(done));
+  op->start(sources, options);
+  return op;
 }
 
 void cancel(batch_operation& op) {
   op.cancel();
 }
 
-batch_operation::batch_operation(std::size_t size, done_fn done)
-    : results_(size, absl::UnknownError("not imported")), done_(std::move(done)) {}
+batch_operation::batch_operation(runtime& rt, std::size_t size, done_fn done)
+    : rt_(rt),
+      core_(core_of(rt)),
+      results_(size, absl::UnknownError("not imported")),
+      done_(std::move(done)) {}
 
-void batch_operation::start(runtime& rt, std::vector<import_start> members) {
+bool batch_operation::needs_budget(const import_start& m) const {
+  if (m.ready) return false;
+  const auto path = static_cast<transfer_path>(m.path);
+  return path != transfer_path::view && path != transfer_path::view_after_producer;
+}
+
+void batch_operation::start(std::span<managed_tensor> sources, const import_options& options) {
+  const std::size_t n = sources.size();
   // One extra count keeps the batch from completing while members start.
-  remaining_.store(members.size() + 1, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    import_start& m = members[i];
-    if (!m.ready) m.ready = copy_inline(rt, m);
-    if (m.ready) {
-      member_done(i, std::move(*m.ready));
+  remaining_.store(n + 1, std::memory_order_relaxed);
+  members_.reserve(n);
+  // Every member is validated before any is taken.
+  std::uint64_t total = 0;
+  for (managed_tensor& source : sources) {
+    members_.push_back(prepare_import(rt_, source, options));
+    const import_start& m = members_.back();
+    if (!needs_budget(m)) continue;
+    total = m.plan.byte_size > std::numeric_limits<std::uint64_t>::max() - total
+                ? std::numeric_limits<std::uint64_t>::max()
+                : total + m.plan.byte_size;
+  }
+  const std::uint64_t limit = core_.budget()->limit();
+  if (limit != 0 && total > limit) {
+    const absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
+        "the copies of this batch of ", n, " tensors need ", total,
+        " bytes together, more than the whole copy memory budget of ", limit,
+        " bytes; no tensor of the batch was consumed: import them in smaller batches, or raise "
+        "runtime_options::copy_memory_budget"));
+    for (std::size_t i = 0; i < n; ++i) {
+      if (!members_[i].ready) members_[i].ready = refused;
+    }
+  }
+  // Registered, so that shutdown ends the wait for budget.
+  if (total > 0 && !(limit != 0 && total > limit)) {
+    std::weak_ptr<batch_operation> weak = weak_from_this();
+    op_id_ = core_.begin_operation([weak] {
+      if (std::shared_ptr<batch_operation> self = weak.lock()) self->cancel();
+    });
+    if (op_id_ == 0) {
+      for (import_start& m : members_) {
+        if (!m.ready) m.ready = shutting_down();
+      }
+    }
+  }
+  // Now the members are taken: views at once, the others with their plan.
+  for (std::size_t i = 0; i < n; ++i) {
+    take_source(rt_, members_[i], sources[i]);
+    if (members_[i].ready) {
+      member_done(i, std::move(*members_[i].ready));
+    } else if (!needs_budget(members_[i])) {
+      start_member(i);  // a view that waits for its producer's stream
+    }
+  }
+  std::uint64_t reserved = 0;
+  for (const import_start& m : members_) {
+    if (needs_budget(m)) reserved += m.plan.byte_size;
+  }
+  if (reserved == 0) {
+    if (op_id_ != 0) core_.end_operation(op_id_);
+    op_id_ = 0;
+    return arrive();
+  }
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = true;
+  }
+  // One reservation for all the copies (a producer stream that could not
+  // be recorded has made its member ready, and left the total smaller).
+  const std::thread::id starter = std::this_thread::get_id();
+  auto starting = std::make_shared<std::atomic<bool>>(true);
+  const std::uint64_t ticket = core_.budget()->acquire(
+      reserved, [self = shared_from_this(), starter, starting](absl::Status s) {
+        if (starting->load(std::memory_order_acquire) && std::this_thread::get_id() == starter) {
+          return self->on_budget(std::move(s));
+        }
+        self->core_.completions().run(
+            [self, s = std::move(s)]() mutable { self->on_budget(std::move(s)); });
+      });
+  starting->store(false, std::memory_order_release);
+  bool cancelled = false;
+  {
+    std::lock_guard lock(mutex_);
+    if (waiting_for_budget_) ticket_ = ticket;
+    cancelled = cancelled_ && waiting_for_budget_;
+  }
+  if (cancelled) cancel();
+}
+
+void batch_operation::on_budget(absl::Status status) {
+  bool cancelled = false;
+  {
+    std::lock_guard lock(mutex_);
+    waiting_for_budget_ = false;
+    cancelled = cancelled_;
+  }
+  if (status.ok() && cancelled) {
+    status = absl::CancelledError(
+        "the batch was cancelled before its copies started; its sources were released");
+    for (const import_start& m : members_) {
+      if (needs_budget(m)) core_.budget()->release(m.plan.byte_size);
+    }
+  }
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    import_start& m = members_[i];
+    if (!needs_budget(m)) continue;
+    if (!status.ok()) {
+      m.source.reset();  // consumed: nothing reads it yet
+      m.ready = status;
+      member_done(i, status);
       continue;
     }
-    auto op = std::make_shared<import_operation>(
-        core_of(rt), std::move(m),
-        [self = shared_from_this(), i](import_result r) { self->member_done(i, std::move(r)); });
-    bool cancelled = false;
-    {
-      std::lock_guard lock(mutex_);
-      ops_.push_back(op);
-      cancelled = cancelled_;
-    }
-    if (cancelled) op->cancel();
-    op->start();
+    m.budget_held = true;
+    start_member(i);
   }
+  const std::uint64_t id = op_id_;
   arrive();
+  if (id != 0) core_.end_operation(id);
+}
+
+void batch_operation::start_member(std::size_t index) {
+  auto op = std::make_shared<import_operation>(core_, std::move(members_[index]),
+                                               [self = shared_from_this(), index](import_result r) {
+                                                 self->member_done(index, std::move(r));
+                                               });
+  members_[index].ready = absl::UnknownError("started");  // taken; no longer needs budget
+  bool cancelled = false;
+  {
+    std::lock_guard lock(mutex_);
+    ops_.push_back(op);
+    cancelled = cancelled_;
+  }
+  if (cancelled) op->cancel();
+  op->start();
 }
 
 void batch_operation::cancel() {
   std::vector<std::shared_ptr<import_operation>> ops;
+  std::uint64_t ticket = 0;
   {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
     ops = ops_;
+    if (waiting_for_budget_) ticket = ticket_;
+  }
+  if (ticket != 0) {
+    core_.budget()->cancel(
+        ticket, absl::CancelledError("the batch was cancelled while it waited for copy memory "
+                                     "budget; its sources were released"));
   }
   for (const std::shared_ptr<import_operation>& op : ops) op->cancel();
 }

@@ -1,12 +1,18 @@
-// A batch of imports (internal): each member validated at the call and
-// started on its own; the batch completes once, when all members have, with
-// one result per member in order. Cancelling the batch cancels every member
-// still running.
+// A batch of imports (internal). When it starts, every member is validated
+// without consuming anything; when the copies together exceed the whole
+// copy budget, the batch is refused (ResourceExhausted, nothing consumed).
+// Otherwise the members are taken, the copies' budget is reserved for all
+// at once (so that members never wait for one another), and each member
+// then runs on its own. The batch completes once, when all members have,
+// with one result per member in order. Cancelling the batch cancels every
+// member still running, or ends its wait for budget.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -19,20 +25,29 @@ class batch_operation : public std::enable_shared_from_this<batch_operation> {
  public:
   using done_fn = absl::AnyInvocable<void(batch_result) &&>;
 
-  batch_operation(std::size_t size, done_fn done);
+  batch_operation(runtime& rt, std::size_t size, done_fn done);
 
-  void start(runtime& rt, std::vector<import_start> members);
+  void start(std::span<managed_tensor> sources, const import_options& options);
   void cancel();
 
  private:
+  bool needs_budget(const import_start& m) const;
+  void on_budget(absl::Status status);
+  void start_member(std::size_t index);
   void member_done(std::size_t index, import_result result);
   void arrive();
 
+  runtime& rt_;
+  runtime_core& core_;
+  std::vector<import_start> members_;
   batch_result results_;
   std::atomic<std::size_t> remaining_{0};
   done_fn done_;
+  std::uint64_t op_id_ = 0;  // registered while it waits for budget
   std::mutex mutex_;
   std::vector<std::shared_ptr<import_operation>> ops_;
+  std::uint64_t ticket_ = 0;
+  bool waiting_for_budget_ = false;
   bool cancelled_ = false;
 };
 

@@ -13,7 +13,7 @@
 namespace dlasync {
 namespace detail {
 
-import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
+import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options) {
   runtime_core& core = core_of(rt);
   import_start start;
   if (!core.accepting()) {
@@ -30,38 +30,62 @@ import_start begin_import(runtime& rt, managed_tensor& source, const import_opti
     start.ready = path.status();
     return start;
   }
-  if (*path == transfer_path::view) {
-    start.ready = tensor_factory::make_view(std::move(source), *plan);
-    return start;
-  }
-  if (plan->producer_stream != stream_no_sync) {
-    // The producer's point is the moment of this call, on this thread:
-    // recorded here, not later on whichever thread runs the import.
-    marker_ptr produced =
-        core.cuda()->context().record_producer(producer_gpu(*plan), plan->producer_stream);
-    if (absl::Status st = failed_at_once(produced); !st.ok()) {
-      start.ready = absl::Status(
-          st.code(), absl::StrCat("cannot follow the producer's stream ", plan->producer_stream,
-                                  ": ", st.message(),
-                                  "; the tensor was not consumed: pass a stream of the tensor's "
-                                  "device, or -1 after synchronizing the producer"));
-      return start;
-    }
-    start.produced = std::move(produced);
-  }
   start.plan = *plan;
   start.path = static_cast<std::uint8_t>(*path);
-  start.source = std::move(source);
   return start;
 }
 
-std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
-                                      const import_options& options) {
-  std::vector<import_start> members;
-  members.reserve(sources.size());
-  for (managed_tensor& source : sources) members.push_back(begin_import(rt, source, options));
-  return members;
+void take_source(runtime& rt, import_start& start, managed_tensor& source) {
+  if (start.ready) return;
+  runtime_core& core = core_of(rt);
+  const import_plan& plan = start.plan;
+  if (static_cast<transfer_path>(start.path) == transfer_path::view) {
+    start.ready = tensor_factory::make_view(std::move(source), plan);
+    return;
+  }
+  if (plan.producer_stream != stream_no_sync) {
+    // The producer's point is the moment of this call, on this thread:
+    // recorded here, not later on whichever thread runs the import.
+    marker_ptr produced =
+        core.cuda()->context().record_producer(producer_gpu(plan), plan.producer_stream);
+    if (absl::Status st = failed_at_once(produced); !st.ok()) {
+      start.ready = absl::Status(
+          st.code(), absl::StrCat("cannot follow the producer's stream ", plan.producer_stream,
+                                  ": ", st.message(),
+                                  "; the tensor was not consumed: pass a stream of the tensor's "
+                                  "device, or -1 after synchronizing the producer"));
+      return;
+    }
+    start.produced = std::move(produced);
+  }
+  start.source = std::move(source);
 }
+
+import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
+  import_start start = prepare_import(rt, source, options);
+  take_source(rt, start, source);
+  return start;
+}
+
+namespace {
+
+// The initiation of an import begun already (the awaitable form validates
+// and copies inline before it suspends).
+struct initiate_started {
+  runtime* rt;
+
+  template <typename Handler>
+  void operator()(Handler&& handler, import_start begun) const {
+    auto h = std::forward<Handler>(handler);
+    auto slot = asio::get_associated_cancellation_slot(h);
+    std::shared_ptr<import_operation> op =
+        make_import(*rt, std::move(begun), deliver_to<import_result>(std::move(h), *rt));
+    assign_cancellation(slot, op);
+    start(op);
+  }
+};
+
+}  // namespace
 
 }  // namespace detail
 
@@ -75,7 +99,7 @@ asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tenso
   }
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
                                           void(absl::StatusOr<tensor>)>(
-      detail::initiate_import{&rt}, asio::use_awaitable, std::move(start));
+      detail::initiate_started{&rt}, asio::use_awaitable, std::move(start));
 }
 
 asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(

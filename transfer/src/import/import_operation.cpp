@@ -1,5 +1,8 @@
 #include "transfer/src/import/import_operation.hpp"
 
+#include <atomic>
+#include <thread>
+
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -12,9 +15,9 @@ absl::Status shutting_down() {
 }
 
 absl::Status shut_down_before_copy() {
-  return absl::UnavailableError(
+  return absl::CancelledError(
       "the dlasync runtime began shutting down before the copy started; the source tensor was "
-      "released: import it on another runtime");
+      "consumed and released");
 }
 
 std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
@@ -37,7 +40,8 @@ import_operation::import_operation(runtime_core& core, import_start started, don
       produced_(std::move(started.produced)),
       path_(static_cast<transfer_path>(started.path)),
       done_(std::move(done)),
-      control_(std::make_shared<copy_control>()) {
+      control_(std::make_shared<copy_control>()),
+      budget_held_(started.budget_held) {
   const DLTensor& dl = *source_.dl_tensor();
   shape_.assign(dl.shape, dl.shape + dl.ndim);
 }
@@ -47,15 +51,30 @@ void import_operation::start() {
   op_id_ = core_.begin_operation([weak] {
     if (std::shared_ptr<import_operation> self = weak.lock()) self->cancel();
   });
-  if (op_id_ == 0) return finish(shut_down_before_copy());
+  if (op_id_ == 0) {
+    if (budget_held_) core_.budget()->release(plan_.byte_size);
+    return finish(shut_down_before_copy());
+  }
   if (path_ == transfer_path::view_after_producer) return wait_for_producer();
+  if (budget_held_) return on_budget(absl::OkStatus());
   {
     std::lock_guard lock(mutex_);
     waiting_for_budget_ = true;
   }
+  // A grant made at once runs here; a later one arrives on the thread that
+  // released memory (a tensor dropped anywhere), and is handed to the
+  // workers: the next import's allocation and enqueue never run there.
+  const std::thread::id starter = std::this_thread::get_id();
+  auto starting = std::make_shared<std::atomic<bool>>(true);
   const std::uint64_t ticket = core_.budget()->acquire(
-      plan_.byte_size,
-      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
+      plan_.byte_size, [self = shared_from_this(), starter, starting](absl::Status s) {
+        if (starting->load(std::memory_order_acquire) && std::this_thread::get_id() == starter) {
+          return self->on_budget(std::move(s));
+        }
+        self->core_.completions().run(
+            [self, s = std::move(s)]() mutable { self->on_budget(std::move(s)); });
+      });
+  starting->store(false, std::memory_order_release);
   {
     std::lock_guard lock(mutex_);
     if (!waiting_for_budget_) return;

@@ -56,14 +56,24 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   std::uint64_t ticket_ = 0;
   bool waiting_for_budget_ = false;
   std::uint64_t op_id_ = 0;
+  bool budget_held_ = false;
   device_buffer buffer_;
 };
+
+// Validates `source` and chooses its transfer path; consumes nothing. The
+// result is ready with the error when that fails.
+import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options);
+
+// Takes `source` for a prepared import that is not ready: a view is made at
+// once; a producer's stream is recorded first (its failure is the result,
+// and `source` keeps the tensor).
+void take_source(runtime& rt, import_start& start, managed_tensor& source);
 
 // The Unavailable of an import that began after shutdown started; the
 // tensor is not consumed.
 absl::Status shutting_down();
 
-// The Unavailable of an import whose runtime began shutting down after the
+// The Cancelled of an import whose runtime began shutting down after the
 // tensor was consumed.
 absl::Status shut_down_before_copy();
 

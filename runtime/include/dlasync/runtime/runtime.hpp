@@ -18,10 +18,16 @@
 //   asio::co_spawn((*rt)->get_executor(), handle_request(**rt), asio::detached);
 //
 // Shutdown (`shutdown()`, or the destructor): new imports are refused with
-// Unavailable, imports in flight are cancelled, and every accepted tensor's
-// deleter has run before it returns. Handlers not yet run on the runtime's
-// own executor are destroyed without being called. It must not be called
-// from one of the runtime's own threads.
+// Unavailable (not consumed), imports in flight are cancelled (Cancelled,
+// consumed), and every accepted tensor's deleter has run before it
+// returns. Handlers not yet run on the runtime's own executor are destroyed
+// without being called, and the tensors they held released, before it
+// returns. Concurrent callers all return once it is done. It must not be
+// called from one of the runtime's own threads.
+//
+// A handler that throws on the runtime's executor does not end the process:
+// the exception goes to runtime_options::on_handler_exception (stderr by
+// default), and the executor thread goes on.
 //
 // Several runtimes may live in one process; each has its own threads.
 //
@@ -88,6 +94,10 @@ class runtime {
 
   // Imports in flight.
   std::size_t in_flight() const;
+
+  // Exceptions that escaped handlers run on the runtime's executor
+  // (reported through runtime_options::on_handler_exception).
+  std::uint64_t handler_exceptions() const noexcept;
 
   // Stops accepting, cancels what is in flight and waits for it (see above).
   void shutdown();

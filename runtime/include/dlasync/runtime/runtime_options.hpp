@@ -16,6 +16,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -83,6 +85,13 @@ struct runtime_options {
   std::uint64_t staging_chunk_bytes = 4 << 20;
   int staging_chunks = 8;
   int staging_streams = 2;
+
+  // Called on the executor thread when a handler running on the runtime's
+  // executor throws; the thread then goes on running the other handlers.
+  // Empty: the exception's what() is printed to stderr. It must not throw.
+  // (On an executor of the caller's own, the exception reaches the
+  // caller's run(), as Asio does.)
+  std::function<void(std::exception_ptr)> on_handler_exception;
 };
 
 }  // namespace dlasync

@@ -72,37 +72,50 @@ namespace dlasync {
 
 #if defined(ASIO_HAS_CO_AWAIT)
 // Imports `source` onto `options.target`. `source` must stay alive until the
-// awaitable completes. A zero-copy import completes without suspending.
+// awaitable completes. Validation and consumption happen when it is awaited.
+// A zero-copy import completes without suspending.
 // (The awaitable forms exist where Asio supports co_await, as with g++ 12;
 // the completion-token forms below work with every C++20 compiler.)
-asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
-                                                      import_options options = {});
+[[nodiscard]] asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt,
+                                                                    managed_tensor& source,
+                                                                    import_options options = {});
 #endif
 
-// The same as an Asio initiating function: validation runs at the call, so
-// `source` tells at once whether it was consumed.
-template <typename CompletionToken>
-auto async_import_dlpack(runtime& rt, managed_tensor& source, const import_options& options,
-                         CompletionToken&& token) {
+// The same as an Asio initiating function, completion signature
+// void(absl::StatusOr<dlasync::tensor>). Validation and consumption happen
+// when the operation starts: at the call for a callback or use_future, at
+// launch for deferred (a deferred operation never launched leaves `source`
+// untouched), when awaited for use_awaitable. `source` must stay alive until
+// then. The default token is deferred (or the executor's own default).
+template <ASIO_COMPLETION_TOKEN_FOR(void(absl::StatusOr<tensor>))
+              CompletionToken = detail::default_token_t<runtime::executor_type>>
+auto async_import_dlpack(runtime& rt, managed_tensor& source, const import_options& options = {},
+                         CompletionToken&& token = CompletionToken()) {
   return asio::async_initiate<CompletionToken, void(absl::StatusOr<tensor>)>(
-      detail::initiate_import{&rt}, token, detail::begin_import(rt, source, options));
+      detail::initiate_import{&rt}, token, &source, options);
 }
 
-// Imports every tensor of `sources` concurrently with the same options, and
-// completes when all are done with one result per tensor, in order. Each
-// handle follows the ownership rule above on its own: validation runs at the
-// call. Cancelling the batch cancels every member still running.
+// Imports every tensor of `sources` with the same options, and completes
+// when all are done with one result per tensor, in order. The batch is
+// validated as a whole when it starts: when its copies together exceed the
+// whole copy budget, every member is refused with ResourceExhausted and
+// nothing is consumed. Otherwise each handle follows the ownership rule on
+// its own, and the copies' budget is reserved for all members at once, so
+// that members never wait for one another. Cancelling the batch cancels
+// every member still running. `sources` must stay alive until it starts.
 #if defined(ASIO_HAS_CO_AWAIT)
-asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
+[[nodiscard]] asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(
     runtime& rt, std::span<managed_tensor> sources, import_options options = {});
 #endif
 
 // Completion signature: void(std::vector<absl::StatusOr<dlasync::tensor>>).
-template <typename CompletionToken>
+template <ASIO_COMPLETION_TOKEN_FOR(void(std::vector<absl::StatusOr<tensor>>))
+              CompletionToken = detail::default_token_t<runtime::executor_type>>
 auto async_import_dlpack_batch(runtime& rt, std::span<managed_tensor> sources,
-                               const import_options& options, CompletionToken&& token) {
+                               const import_options& options = {},
+                               CompletionToken&& token = CompletionToken()) {
   return asio::async_initiate<CompletionToken, void(std::vector<absl::StatusOr<tensor>>)>(
-      detail::initiate_batch{&rt}, token, detail::begin_batch(rt, sources, options));
+      detail::initiate_batch{&rt}, token, sources, options);
 }
 
 }  // namespace dlasync

@@ -10,13 +10,16 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "asio/associated_cancellation_slot.hpp"
+#include "asio/async_result.hpp"
 #include "asio/cancellation_type.hpp"
+#include "asio/experimental/deferred.hpp"
 #include "dlasync/runtime/detail/deliver.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/import_options.hpp"
@@ -33,25 +36,24 @@ namespace dlasync::detail {
 using import_result = absl::StatusOr<tensor>;
 using batch_result = std::vector<import_result>;
 
-// What validation decided at the call: a result already (an error, which
-// leaves the caller's handle untouched, or a zero-copy view), or a consumed
-// source with its plan and the transfer path chosen for it.
+// What validation decided when the operation started: a result already (an
+// error, which leaves the caller's handle untouched, or a zero-copy view),
+// or a consumed source with its plan and the transfer path chosen for it.
 struct import_start {
   std::optional<import_result> ready;
   managed_tensor source;
   import_plan plan;
   std::uint8_t path = 0;  // a transfer_path (transfer/src/copy/transfer_path.hpp)
-  // The point the producer's stream had reached at the call, recorded on
-  // the calling thread (stream 2 is that thread's own); null without one.
+  // The point the producer's stream had reached at the start, recorded on
+  // the starting thread (stream 2 is that thread's own); null without one.
   std::shared_ptr<completion_marker> produced;
+  // The copy budget for plan.byte_size is held already (a batch reserves
+  // its members' budget together).
+  bool budget_held = false;
 };
 
 // Validates `source` against `options` and takes it only when that passes.
 import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options);
-
-// begin_import for each of `sources`.
-std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sources,
-                                      const import_options& options);
 
 // A small host-to-host copy of a started import, done here on the calling
 // thread: it takes less time than the hop to a worker and back
@@ -61,8 +63,8 @@ std::vector<import_start> begin_batch(runtime& rt, std::span<managed_tensor> sou
 std::optional<import_result> copy_inline(runtime& rt, import_start& start);
 
 // One asynchronous import (a copy, or a view that waits for its producer's
-// stream); `done` runs exactly once, on a worker, the CUDA reactor or, when
-// the start itself fails, the thread that starts it.
+// stream); `done` runs exactly once, on a worker or, when the start itself
+// fails, the thread that starts it (runtime/src/handoff.hpp).
 class import_operation;
 std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
                                               absl::AnyInvocable<void(import_result) &&> done);
@@ -70,30 +72,44 @@ void start(const std::shared_ptr<import_operation>& op);
 // Stops the import if it has not finished; any thread, any number of times.
 void cancel(import_operation& op);
 
-// A batch: each member started on its own; `done` runs once when all have
-// finished, with one result per member in order.
+// A batch: validated together (nothing is consumed when one member is
+// refused for the budget), its copies' budget reserved at once, each member
+// then started on its own; `done` runs once when all have finished, with
+// one result per member in order.
 class batch_operation;
-std::shared_ptr<batch_operation> make_batch(std::size_t size,
-                                            absl::AnyInvocable<void(batch_result) &&> done);
-void start(const std::shared_ptr<batch_operation>& op, runtime& rt,
-           std::vector<import_start> members);
+std::shared_ptr<batch_operation> start_batch(runtime& rt, std::span<managed_tensor> sources,
+                                             const import_options& options,
+                                             absl::AnyInvocable<void(batch_result) &&> done);
 void cancel(batch_operation& op);
 
-// Cancels `op` when `slot` (a handler's cancellation slot) is emitted.
+// The cancellation types an import honours once started: terminal and
+// partial (the source has been consumed, and is released: a partial side
+// effect). Total cancellation asks for no side effect at all, which an
+// import that consumed its source cannot give: it is not honoured, and the
+// import runs to its end.
+constexpr asio::cancellation_type honoured_cancellation =
+    asio::cancellation_type::terminal | asio::cancellation_type::partial;
+
+// Cancels `op` when `slot` (a handler's cancellation slot) is emitted with
+// an honoured type.
 template <typename Slot, typename Op>
 void assign_cancellation(Slot& slot, const std::shared_ptr<Op>& op) {
   if (!slot.is_connected()) return;
   slot.assign([weak = std::weak_ptr<Op>(op)](asio::cancellation_type type) {
-    if (type == asio::cancellation_type::none) return;
+    if ((type & honoured_cancellation) == asio::cancellation_type::none) return;
     if (std::shared_ptr<Op> locked = weak.lock()) cancel(*locked);
   });
 }
 
+// The initiations: validation and consumption happen here, when the
+// operation starts, for every completion token (a deferred operation that
+// is never launched leaves the tensor with its owner).
 struct initiate_import {
   runtime* rt;
 
   template <typename Handler>
-  void operator()(Handler&& handler, import_start begun) const {
+  void operator()(Handler&& handler, managed_tensor* source, const import_options& options) const {
+    import_start begun = begin_import(*rt, *source, options);
     if (!begun.ready) begun.ready = copy_inline(*rt, begun);
     if (begun.ready) {
       deliver_to<import_result>(std::forward<Handler>(handler), *rt)(std::move(*begun.ready));
@@ -112,14 +128,21 @@ struct initiate_batch {
   runtime* rt;
 
   template <typename Handler>
-  void operator()(Handler&& handler, std::vector<import_start> members) const {
+  void operator()(Handler&& handler, std::span<managed_tensor> sources,
+                  const import_options& options) const {
     auto h = std::forward<Handler>(handler);
     auto slot = asio::get_associated_cancellation_slot(h);
     std::shared_ptr<batch_operation> op =
-        make_batch(members.size(), deliver_to<batch_result>(std::move(h), *rt));
-    assign_cancellation(slot, op);
-    start(op, *rt, std::move(members));
+        start_batch(*rt, sources, options, deliver_to<batch_result>(std::move(h), *rt));
+    if (op) assign_cancellation(slot, op);
   }
 };
+
+// The default completion token: the executor's own when it names one, else
+// asio's deferred, as later Asio releases default to.
+template <typename Executor>
+using default_token_t =
+    std::conditional_t<std::is_void_v<asio::default_completion_token_t<Executor>>,
+                       asio::experimental::deferred_t, asio::default_completion_token_t<Executor>>;
 
 }  // namespace dlasync::detail

@@ -1,0 +1,330 @@
+// The import contract's promises that cross operations: batches and the
+// budget, where deleters and grants run, Asio's conventions (cancellation
+// types, throwing handlers), and shutdown. Every test counts deleters.
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "asio/bind_cancellation_slot.hpp"
+#include "asio/bind_executor.hpp"
+#include "asio/cancellation_signal.hpp"
+#include "asio/io_context.hpp"
+#include "asio/post.hpp"
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "dlasync/transfer/import.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/sim_runtime.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync {
+namespace {
+
+using testing::deleter_count;
+using testing::make_runtime;
+using testing::make_tensor;
+using testing::require_status;
+using testing::tensor_spec;
+
+constexpr device second_cpu{device_kind::cpu, 1};
+constexpr std::uint64_t kib = 1024;
+
+import_options onto(device d) {
+  import_options o;
+  o.target = d;
+  return o;
+}
+
+// `bytes` of floats counting up, as a 1-d tensor spec.
+struct host_source {
+  std::vector<float> data;
+  tensor_spec spec;
+  explicit host_source(std::uint64_t bytes) : data(bytes / sizeof(float)) {
+    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
+    spec.shape = {static_cast<std::int64_t>(data.size())};
+    spec.data = data.data();
+  }
+};
+
+// A gate a deleter blocks on until the test opens it (or 30 s pass).
+struct gate {
+  std::promise<void> opened;
+  std::shared_future<void> wait_for = opened.get_future().share();
+  void open() { opened.set_value(); }
+  void block() const { wait_for.wait_for(std::chrono::seconds(30)); }
+};
+
+}  // namespace
+
+TEST_CASE("a batch whose copies exceed the whole budget together is refused, nothing consumed",
+          "[transfer][contract][batch]") {
+  // Three 64 KiB copies under a 100 KiB budget: each fits alone. This
+  // batch once never completed, one member holding 64 KiB and two waiting.
+  std::unique_ptr<runtime> rt = make_runtime(2, 100 * kib);
+  host_source a(64 * kib);
+  std::vector<deleter_count> counts(3);
+  std::vector<managed_tensor> sources;
+  for (deleter_count& c : counts) sources.push_back(make_tensor(a.spec, c));
+  std::vector<absl::StatusOr<tensor>> results =
+      async_import_dlpack_batch(*rt, sources, onto(second_cpu), asio::use_future).get();
+  REQUIRE(results.size() == 3);
+  for (const absl::StatusOr<tensor>& r : results) {
+    require_status(r.status(), absl::StatusCode::kResourceExhausted,
+                   {"196608 bytes together", "102400", "no tensor of the batch was consumed"});
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK_FALSE(sources[i].empty());
+    CHECK(counts[i].calls == 0);
+  }
+  CHECK(rt->copy_budget().in_use() == 0);
+  sources.clear();
+  for (deleter_count& c : counts) CHECK(c.calls == 1);
+}
+
+TEST_CASE("a batch reserves its members' budget together and never deadlocks on itself",
+          "[transfer][contract][batch]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 100 * kib);
+  host_source small(30 * kib);
+  // Another import holds 64 KiB: the batch's 90 KiB must wait for all of it,
+  // not start one member and leave the others waiting behind it.
+  deleter_count held_count;
+  host_source big(64 * kib);
+  managed_tensor held_source = make_tensor(big.spec, held_count);
+  absl::StatusOr<tensor> held =
+      async_import_dlpack(*rt, held_source, onto(second_cpu), asio::use_future).get();
+  REQUIRE(held.ok());
+
+  std::vector<deleter_count> counts(3);
+  std::vector<managed_tensor> sources;
+  for (deleter_count& c : counts) sources.push_back(make_tensor(small.spec, c));
+  std::future<std::vector<absl::StatusOr<tensor>>> batch =
+      async_import_dlpack_batch(*rt, sources, onto(second_cpu), asio::use_future);
+  for (const managed_tensor& s : sources) CHECK(s.empty());  // validated and taken
+  CHECK(rt->copy_budget().waiting() == 1);                   // one reservation for all
+  CHECK(rt->copy_budget().in_use() == 64 * kib);
+  held = tensor();  // frees 64 KiB: the batch's 90 KiB now fit
+  REQUIRE(batch.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  std::vector<absl::StatusOr<tensor>> results = batch.get();
+  for (const absl::StatusOr<tensor>& r : results) {
+    REQUIRE(r.ok());
+    CHECK(r->is_copy());
+    CHECK(static_cast<const float*>(r->data())[100] == 100.0f);
+  }
+  for (deleter_count& c : counts) CHECK(c.calls == 1);
+  CHECK(rt->copy_budget().in_use() == 90 * kib);
+  results.clear();
+  CHECK(rt->copy_budget().in_use() == 0);
+}
+
+TEST_CASE("cancelling a batch that waits for its budget releases every member",
+          "[transfer][contract][batch][cancel]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 64 * kib);
+  host_source block(64 * kib);
+  deleter_count held_count;
+  managed_tensor held_source = make_tensor(block.spec, held_count);
+  absl::StatusOr<tensor> held =
+      async_import_dlpack(*rt, held_source, onto(second_cpu), asio::use_future).get();
+  REQUIRE(held.ok());
+
+  host_source small(8 * kib);
+  std::vector<deleter_count> counts(2);
+  std::vector<managed_tensor> sources;
+  for (deleter_count& c : counts) sources.push_back(make_tensor(small.spec, c));
+  asio::cancellation_signal signal;
+  std::promise<std::vector<absl::StatusOr<tensor>>> got;
+  async_import_dlpack_batch(
+      *rt, sources, onto(second_cpu),
+      asio::bind_cancellation_slot(signal.slot(), [&](std::vector<absl::StatusOr<tensor>> r) {
+        got.set_value(std::move(r));
+      }));
+  CHECK(rt->copy_budget().waiting() == 1);
+  signal.emit(asio::cancellation_type::terminal);
+  std::vector<absl::StatusOr<tensor>> results = got.get_future().get();
+  for (const absl::StatusOr<tensor>& r : results) {
+    require_status(r.status(), absl::StatusCode::kCancelled, {"waited for copy memory budget"});
+  }
+  for (deleter_count& c : counts) CHECK(c.calls == 1);
+  CHECK(rt->copy_budget().waiting() == 0);
+  CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
+}
+
+TEST_CASE("terminal and partial cancellation stop an import; total is not honoured",
+          "[transfer][contract][cancel][asio]") {
+  const asio::cancellation_type type =
+      GENERATE(asio::cancellation_type::terminal, asio::cancellation_type::partial,
+               asio::cancellation_type::total);
+  INFO("cancellation type " << static_cast<int>(type));
+  std::unique_ptr<runtime> rt = make_runtime(2, 64 * kib);
+  host_source block(64 * kib);
+  deleter_count held_count;
+  managed_tensor held_source = make_tensor(block.spec, held_count);
+  absl::StatusOr<tensor> held =
+      async_import_dlpack(*rt, held_source, onto(second_cpu), asio::use_future).get();
+  REQUIRE(held.ok());
+
+  host_source small(4 * kib);
+  deleter_count count;
+  managed_tensor source = make_tensor(small.spec, count);
+  asio::cancellation_signal signal;
+  std::promise<absl::StatusOr<tensor>> got;
+  async_import_dlpack(*rt, source, onto(second_cpu),
+                      asio::bind_cancellation_slot(
+                          signal.slot(), [&](absl::StatusOr<tensor> t) { got.set_value(t); }));
+  CHECK(source.empty());  // consumed when it started
+  CHECK(rt->copy_budget().waiting() == 1);
+  signal.emit(type);
+  std::future<absl::StatusOr<tensor>> result = got.get_future();
+  if (type == asio::cancellation_type::total) {
+    // No side effect is possible once the source is consumed: the import
+    // goes on, and completes once the budget has room.
+    CHECK(rt->copy_budget().waiting() == 1);
+    CHECK(count.calls == 0);
+    held = tensor();
+    absl::StatusOr<tensor> t = result.get();
+    REQUIRE(t.ok());
+    CHECK(static_cast<const float*>(t->data())[7] == 7.0f);
+  } else {
+    require_status(result.get().status(), absl::StatusCode::kCancelled,
+                   {"cancelled", "waited for copy memory budget", "released"});
+    CHECK(rt->copy_budget().waiting() == 0);
+  }
+  CHECK(count.calls == 1);
+}
+
+TEST_CASE("a slow deleter does not delay other imports: the reactor only hands off",
+          "[transfer][contract][threads]") {
+  // Uploads to simulated GPUs complete on the CUDA reactor's thread. A
+  // producer's deleter that blocks (a Python deleter waiting for the GIL)
+  // once stalled every GPU there.
+  cuda::sim_options so;
+  so.devices = 2;
+  testing::sim_runtime r =
+      testing::make_sim_runtime(so, [](runtime_options& o) { o.worker_threads = 3; });
+  host_source bytes(64 * kib);
+  gate blocked;
+  deleter_count slow;
+  std::atomic<bool> slow_started{false};
+  slow.on_delete = [&] {
+    slow_started = true;
+    blocked.block();
+  };
+  managed_tensor first = make_tensor(bytes.spec, slow);
+  std::future<absl::StatusOr<tensor>> stalled =
+      async_import_dlpack(*r.rt, first, onto(device{device_kind::cuda, 0}), asio::use_future);
+  REQUIRE(testing::eventually([&] { return slow_started.load(); }));
+
+  // While that deleter blocks, imports onto the other GPU complete.
+  for (int i = 0; i < 4; ++i) {
+    deleter_count count;
+    managed_tensor other = make_tensor(bytes.spec, count);
+    std::future<absl::StatusOr<tensor>> f =
+        async_import_dlpack(*r.rt, other, onto(device{device_kind::cuda, 1}), asio::use_future);
+    const bool completed = f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    if (!completed) blocked.open();  // do not hang the suite
+    REQUIRE(completed);
+    REQUIRE(f.get().ok());
+    CHECK(count.calls == 1);
+  }
+  CHECK(slow.calls == 0);
+  blocked.open();
+  REQUIRE(stalled.get().ok());
+  CHECK(slow.calls == 1);
+}
+
+TEST_CASE("a handler that throws on the runtime's executor is reported, and the executor goes on",
+          "[transfer][contract][shutdown]") {
+  std::atomic<int> reported{0};
+  runtime_options o;
+  o.topology = process_topology::single_process(2);
+  o.worker_threads = 2;
+  o.on_handler_exception = [&](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::runtime_error& error) {
+      if (std::string(error.what()) == "handler failed") ++reported;
+    }
+  };
+  absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(o);
+  REQUIRE(created.ok());
+  runtime& rt = **created;
+
+  host_source bytes(4 * kib);
+  deleter_count count;
+  managed_tensor source = make_tensor(bytes.spec, count);
+  // The handler has no executor of its own: it runs on the runtime's.
+  async_import_dlpack(rt, source, onto(second_cpu), [](absl::StatusOr<tensor> t) {
+    if (t.ok()) throw std::runtime_error("handler failed");
+  });
+  REQUIRE(testing::eventually([&] { return reported.load() == 1; }));
+  CHECK(count.calls == 1);
+  // The executor still runs handlers.
+  std::promise<void> ran;
+  asio::post(rt.get_executor(), [&] { ran.set_value(); });
+  CHECK(ran.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  CHECK(rt.handler_exceptions() == 1);
+}
+
+TEST_CASE("concurrent shutdowns all return after every deleter has run",
+          "[transfer][contract][shutdown]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 64 * kib);
+  host_source block(64 * kib);
+  deleter_count held_count;
+  managed_tensor held_source = make_tensor(block.spec, held_count);
+  absl::StatusOr<tensor> held =
+      async_import_dlpack(*rt, held_source, onto(second_cpu), asio::use_future).get();
+  REQUIRE(held.ok());
+  // An import waiting for budget: shutdown cancels it and runs its deleter,
+  // which takes a while.
+  host_source small(4 * kib);
+  deleter_count slow;
+  slow.on_delete = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  managed_tensor source = make_tensor(small.spec, slow);
+  std::future<absl::StatusOr<tensor>> waiting =
+      async_import_dlpack(*rt, source, onto(second_cpu), asio::use_future);
+  REQUIRE(rt->copy_budget().waiting() == 1);
+
+  std::atomic<int> returned_before_deleter{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 3; ++i) {
+    callers.emplace_back([&] {
+      rt->shutdown();
+      if (slow.calls.load() != 1) ++returned_before_deleter;
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  CHECK(returned_before_deleter == 0);
+  CHECK(slow.calls == 1);
+  require_status(waiting.get().status(), absl::StatusCode::kCancelled, {"cancelled"});
+}
+
+TEST_CASE(
+    "a view whose handler is queued on the runtime's executor at shutdown is released "
+    "before shutdown returns",
+    "[transfer][contract][shutdown]") {
+  std::unique_ptr<runtime> rt = make_runtime(2);
+  // The executor's one thread is busy until the runtime stops it, so the
+  // handler stays queued.
+  asio::io_context& context = rt->get_executor().context();
+  std::promise<void> busy;
+  asio::post(rt->get_executor(), [&] {
+    busy.set_value();
+    while (!context.stopped()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  busy.get_future().wait();
+  host_source bytes(4 * kib);
+  deleter_count count;
+  managed_tensor source = make_tensor(bytes.spec, count);
+  std::atomic<bool> called{false};
+  async_import_dlpack(*rt, source, import_options{},
+                      [&](const absl::StatusOr<tensor>&) { called = true; });
+  CHECK(source.empty());  // a view, delivered through the queue
+  CHECK(count.calls == 0);
+  rt->shutdown();
+  CHECK_FALSE(called);
+  CHECK(count.calls == 1);
+}
+
+}  // namespace dlasync
