@@ -8,8 +8,10 @@
 namespace dlasync {
 namespace {
 
+// Kinds whose ordinal names a GPU: the GPU's own memory and its managed
+// memory. Both belong to the process that owns the GPU.
 bool is_cuda_ordinal_kind(device_kind kind) {
-  return kind == device_kind::cuda;
+  return kind == device_kind::cuda || kind == device_kind::cuda_managed;
 }
 
 }  // namespace

@@ -94,6 +94,29 @@ TEST_CASE("a CUDA backend's devices are split among the node's processes", "[run
   CHECK(r->check_device({device_kind::cuda, 1}, "source").ok());
 }
 
+TEST_CASE("managed memory of another process's GPU is refused like the GPU itself",
+          "[runtime][registry][locality]") {
+  // Rank 1 of 2 on a node of 4 GPUs owns cuda:1 and cuda:3. A managed
+  // tensor of cuda:0 was once accepted there and became a view.
+  process_topology t = second_of_two(4);
+  std::vector<served_devices> served = host_backend_devices(1);
+  served.push_back({"cuda (simulated)", device_kind::cuda, 4, true});
+  served.push_back({"cuda (simulated)", device_kind::cuda_managed, 4, false});
+  absl::StatusOr<device_registry> r = device_registry::create(t, served);
+  REQUIRE(r.ok());
+  require_status(r->check_device({device_kind::cuda_managed, 0}, "source"),
+                 absl::StatusCode::kFailedPrecondition,
+                 {"source device cuda_managed:0", "not addressable", "process rank 0",
+                  "Import the tensor on rank 0"});
+  CHECK(r->check_device({device_kind::cuda_managed, 1}, "source").ok());
+  CHECK(r->addressable_list() ==
+        "cpu:0, cuda:1, cuda:3, cuda_host:0, cuda_managed:1, cuda_managed:3");
+  // Pinned host memory has one ordinal, 0, in every process.
+  CHECK(r->check_device({device_kind::cuda_host, 0}, "source").ok());
+  require_status(r->check_device({device_kind::cuda_host, 1}, "source"),
+                 absl::StatusCode::kNotFound, {"cuda_host:1", "1 device"});
+}
+
 TEST_CASE("a registry refuses contradicting backends", "[runtime][registry]") {
   std::vector<served_devices> served = host_backend_devices(1);
   served.push_back({"other", device_kind::cpu, 1, true});

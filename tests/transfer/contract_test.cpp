@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -325,6 +326,183 @@ TEST_CASE(
   rt->shutdown();
   CHECK_FALSE(called);
   CHECK(count.calls == 1);
+}
+
+TEST_CASE("import_view keeps the asynchronous import's promises or refuses",
+          "[transfer][contract][view]") {
+  cuda::sim_options so;
+  so.devices = 2;
+  testing::sim_runtime r = testing::make_sim_runtime(so);
+  runtime& rt = *r.rt;
+  absl::StatusOr<device_buffer> gpu0 = rt.allocate(device{device_kind::cuda, 0}, 64 * kib);
+  REQUIRE(gpu0.ok());
+  tensor_spec s;
+  s.device = {device_kind::cuda, 0};
+  s.shape = {16 * 1024};
+  s.data = gpu0->data();
+
+  SECTION("a tensor on its own GPU is a view") {
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    absl::StatusOr<tensor> t = import_view(rt, source);
+    REQUIRE(t.ok());
+    CHECK(t->is_view());
+    CHECK(source.empty());
+    t = tensor();
+    CHECK(count.calls == 1);
+  }
+  SECTION("a tensor claiming cuda:1 whose memory lies on cuda:0 is refused") {
+    s.device = {device_kind::cuda, 1};
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_view(rt, source).status(), absl::StatusCode::kFailedPrecondition,
+                   {"cuda:1", "memory of cuda:0", "fix its DLDevice"});
+    CHECK_FALSE(source.empty());
+    source.reset();
+    CHECK(count.calls == 1);
+  }
+  SECTION("a producer stream is refused: a view handed out at once cannot follow it") {
+    cuda::stream_t producer = nullptr;
+    r.sim->set_device(0);
+    REQUIRE(r.sim->stream_create(&producer, cuda::stream_flags::non_blocking) ==
+            cuda::error::success);
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    import_options o;
+    o.stream = reinterpret_cast<std::int64_t>(producer);
+    require_status(import_view(rt, source, o).status(), absl::StatusCode::kFailedPrecondition,
+                   {"cannot wait for the producer's stream", "not consumed", "import_dlpack"});
+    CHECK_FALSE(source.empty());
+    source.reset();
+    CHECK(count.calls == 1);
+    REQUIRE(r.sim->stream_destroy(producer) == cuda::error::success);
+  }
+  SECTION("a copy is refused, naming why") {
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_view(rt, source, onto(device{device_kind::cuda, 1})).status(),
+                   absl::StatusCode::kFailedPrecondition,
+                   {"not possible", "cross-device (cuda:0 to cuda:1)", "not consumed"});
+    CHECK_FALSE(source.empty());
+    source.reset();
+    CHECK(count.calls == 1);
+  }
+  SECTION("after shutdown nothing is taken") {
+    rt.shutdown();
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_view(rt, source).status(), absl::StatusCode::kUnavailable,
+                   {"shutting down", "not consumed"});
+    CHECK_FALSE(source.empty());
+    source.reset();
+    CHECK(count.calls == 1);
+  }
+  SECTION("the registry form takes host memory only") {
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    require_status(import_view(source, {}, rt.registry()).status(),
+                   absl::StatusCode::kFailedPrecondition,
+                   {"cuda:0", "not consumed", "import_view(runtime"});
+    CHECK_FALSE(source.empty());
+    source.reset();
+    CHECK(count.calls == 1);
+  }
+}
+
+TEST_CASE("a strided upload whose row exceeds a staging chunk is refused before consumption",
+          "[transfer][contract][staging]") {
+  testing::sim_runtime r =
+      testing::make_sim_runtime({}, [](runtime_options& o) { o.staging_chunk_bytes = 4096; });
+  // A transpose whose rows along the tile dimension hold 16 KiB each.
+  const std::int64_t rows = 8;
+  const std::int64_t cols = 4096;
+  std::vector<float> data(static_cast<std::size_t>(rows * cols));
+  tensor_spec s;
+  s.shape = {rows, cols};
+  s.strides = std::vector<std::int64_t>{1, rows};
+  s.data = data.data();
+  deleter_count count;
+  managed_tensor source = make_tensor(s, count);
+  absl::StatusOr<tensor> t =
+      async_import_dlpack(*r.rt, source, onto(device{device_kind::cuda, 0}), asio::use_future)
+          .get();
+  require_status(
+      t.status(), absl::StatusCode::kUnimplemented,
+      {"larger than a staging chunk of 4096 bytes", "not consumed", "staging_chunk_bytes"});
+  CHECK_FALSE(source.empty());
+  CHECK(count.calls == 0);
+  source.reset();
+  CHECK(count.calls == 1);
+}
+
+TEST_CASE("every error says whether the tensor was consumed, which rule, and why a copy",
+          "[transfer][contract][errors]") {
+  std::unique_ptr<runtime> rt = make_runtime(2, 64 * kib);
+  host_source bytes(4 * kib);
+  auto check = [](const absl::Status& st, bool consumed, const char* rule, const char* reasons) {
+    INFO("status: " << st.ToString());
+    std::optional<import_error> why = import_error_of(st);
+    REQUIRE(why);
+    CHECK(why->consumed == consumed);
+    CHECK(why->rule == rule);
+    CHECK(why->copy_reasons == reasons);
+  };
+  {
+    INFO("a malformed dtype: validation, not consumed");
+    tensor_spec s = bytes.spec;
+    s.type = dtype{2, 32, 0};
+    deleter_count count;
+    managed_tensor source = make_tensor(s, count);
+    absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, {}, asio::use_future).get();
+    CHECK(t.status().code() == absl::StatusCode::kInvalidArgument);
+    check(t.status(), false, "dtype", "");
+    CHECK_FALSE(source.empty());
+  }
+  {
+    INFO("copy=false when a copy is needed");
+    deleter_count count;
+    managed_tensor source = make_tensor(bytes.spec, count);
+    import_options o = onto(second_cpu);
+    o.copy = false;
+    absl::StatusOr<tensor> t = async_import_dlpack(*rt, source, o, asio::use_future).get();
+    check(t.status(), false, "copy", "cross_device");
+    CHECK_FALSE(source.empty());
+  }
+  {
+    INFO("cancelled after it was taken: consumed");
+    host_source block(64 * kib);
+    deleter_count held_count;
+    managed_tensor held_source = make_tensor(block.spec, held_count);
+    absl::StatusOr<tensor> held =
+        async_import_dlpack(*rt, held_source, onto(second_cpu), asio::use_future).get();
+    REQUIRE(held.ok());
+    deleter_count count;
+    managed_tensor source = make_tensor(bytes.spec, count);
+    asio::cancellation_signal signal;
+    std::promise<absl::StatusOr<tensor>> got;
+    async_import_dlpack(*rt, source, onto(second_cpu),
+                        asio::bind_cancellation_slot(
+                            signal.slot(), [&](absl::StatusOr<tensor> t) { got.set_value(t); }));
+    signal.emit(asio::cancellation_type::terminal);
+    const absl::Status st = got.get_future().get().status();
+    CHECK(st.code() == absl::StatusCode::kCancelled);
+    check(st, true, "", "cross_device");
+    CHECK(count.calls == 1);
+  }
+  {
+    INFO("after shutdown: not consumed");
+    rt->shutdown();
+    deleter_count count;
+    managed_tensor source = make_tensor(bytes.spec, count);
+    absl::StatusOr<tensor> t =
+        async_import_dlpack(*rt, source, onto(second_cpu), asio::use_future).get();
+    CHECK(t.status().code() == absl::StatusCode::kUnavailable);
+    check(t.status(), false, "shutdown", "");
+    CHECK_FALSE(source.empty());
+  }
+  // A status not made by an import carries nothing.
+  CHECK_FALSE(import_error_of(absl::InternalError("elsewhere")));
+  CHECK_FALSE(import_error_of(absl::OkStatus()));
 }
 
 }  // namespace dlasync

@@ -80,6 +80,11 @@ TEST_CASE("unknown type codes are refused", "[transfer][dtype]") {
   CHECK(dtype{18, 8, 1}.name() == "dtype(code=18, bits=8, lanes=1)");
 }
 
+TEST_CASE("a dtype of 0 lanes is malformed, not unsupported", "[transfer][dtype]") {
+  require_status(check_dtype({2, 32, 0}, 0), absl::StatusCode::kInvalidArgument,
+                 {"0 lanes", "at least one lane", "lanes=1"});
+}
+
 TEST_CASE("unsupported but legal dtypes are unimplemented with a way out", "[transfer][dtype]") {
   require_status(check_dtype({3, 64, 1}, 0), absl::StatusCode::kUnimplemented,
                  {"opaque_handle", "export plain data"});

@@ -662,7 +662,8 @@ TEST_CASE("the awaitable batch form and an empty batch", "[transfer][import][bat
   CHECK(b.calls == 1);
 }
 
-TEST_CASE("a copy larger than the whole budget is refused and released", "[transfer][import]") {
+TEST_CASE("a copy larger than the whole budget is refused before it is consumed",
+          "[transfer][import]") {
   std::unique_ptr<runtime> rt = make_runtime(2, 100);
   matrix_source m(8, 8);
   deleter_count count;
@@ -670,7 +671,15 @@ TEST_CASE("a copy larger than the whole budget is refused and released", "[trans
   absl::StatusOr<tensor> t =
       async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get();
   require_status(t.status(), absl::StatusCode::kResourceExhausted,
-                 {"256 bytes", "copy memory budget of 100 bytes"});
+                 {"256 bytes", "copy memory budget of 100 bytes", "not consumed"});
+  std::optional<import_error> why = import_error_of(t.status());
+  REQUIRE(why);
+  CHECK_FALSE(why->consumed);
+  CHECK(why->rule == "budget");
+  CHECK(why->copy_reasons == "cross_device");
+  CHECK_FALSE(source.empty());
+  CHECK(count.calls == 0);
+  source.reset();
   CHECK(count.calls == 1);
 }
 

@@ -15,6 +15,7 @@
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/dtype.hpp"
 #include "dlasync/transfer/import.hpp"
+#include "dlasync/transfer/import_error.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/limits.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"

@@ -93,6 +93,14 @@ staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, asio::
   }
 }
 
+bool staging_pipeline::upload_fits(const strided_layout& layout, std::uint64_t chunk_bytes) {
+  const strided_copy copy(layout, piece_bytes(layout, chunk_bytes));
+  const std::int64_t units = copy.units();
+  if (units == 0) return true;
+  return copy.dst_offset(1) - copy.dst_offset(0) <= chunk_bytes &&
+         copy.dst_offset(units) - copy.dst_offset(units - 1) <= chunk_bytes;
+}
+
 bool staging_pipeline::fits() const {
   if (!to_device_) return true;
   for (const auto& [begin, end] : ranges_) {

@@ -44,6 +44,11 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
   // larger than a staging chunk.
   bool fits() const;
 
+  // The same, asked of a source's layout before the import takes it, so
+  // that the refusal leaves the tensor with its owner. Units are alike but
+  // for the shorter last one of a split row: the first is the largest.
+  static bool upload_fits(const strided_layout& layout, std::uint64_t chunk_bytes);
+
   // Completes with the transfer's status; after an error or a cancellation
   // only once the streams it used have drained.
   marker_ptr done() const { return done_; }

@@ -76,6 +76,10 @@ absl::Status check_dtype(dtype t, std::uint64_t flags) {
         "dtype code ", t.code, " (", info.name, ") with ", t.bits,
         " bits is not valid; DLPack allows ", allowed_list(info), " bits for ", info.name));
   }
+  if (t.lanes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dtype ", t.name(), " has 0 lanes; a DLPack dtype has at least one lane: export lanes=1"));
+  }
   if (t.lanes != 1) {
     return absl::UnimplementedError(absl::StrCat(
         "dtype ", t.name(), " has ", t.lanes,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "dlasync/transfer/import_error.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -133,10 +134,22 @@ absl::StatusOr<tensor> import_view(managed_tensor& source, const import_options&
                                    const device_registry& registry) {
   absl::StatusOr<import_plan> plan = plan_import(source, options, registry);
   if (!plan.ok()) return plan.status();
+  // Without a runtime there is no CUDA runtime to ask where GPU memory lies,
+  // and nothing to follow a producer's stream with: refused, not promised.
+  if (is_gpu_memory(plan->source.kind) || plan->source.kind == device_kind::cuda_host) {
+    return with_import_error(
+        absl::FailedPreconditionError(absl::StrCat(
+            "import_view with a device registry alone takes host memory, not ", plan->source.name(),
+            ", whose location only the CUDA runtime can confirm; the tensor was not consumed: "
+            "call import_view(runtime, source, options)")),
+        {false, "location", plan->copy_reason_names()});
+  }
   if (plan->needs_copy()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("a zero-copy view of this tensor is not possible: ", plan->copy_reason_text(),
-                     "; use the asynchronous import, which copies"));
+    return with_import_error(
+        absl::FailedPreconditionError(absl::StrCat(
+            "a zero-copy view of this tensor is not possible: ", plan->copy_reason_text(),
+            "; the tensor was not consumed: use the asynchronous import, which copies")),
+        {false, "copy", plan->copy_reason_names()});
   }
   return detail::tensor_factory::make_view(std::move(source), *plan);
 }

@@ -49,13 +49,13 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
   }
   const std::uint64_t limit = core_.budget()->limit();
   if (limit != 0 && total > limit) {
-    const absl::Status refused = absl::ResourceExhaustedError(absl::StrCat(
+    const absl::Status over = absl::ResourceExhaustedError(absl::StrCat(
         "the copies of this batch of ", n, " tensors need ", total,
         " bytes together, more than the whole copy memory budget of ", limit,
         " bytes; no tensor of the batch was consumed: import them in smaller batches, or raise "
         "runtime_options::copy_memory_budget"));
     for (std::size_t i = 0; i < n; ++i) {
-      if (!members_[i].ready) members_[i].ready = refused;
+      if (!members_[i].ready) members_[i].ready = refused(over, "budget", &members_[i].plan);
     }
   }
   // Registered, so that shutdown ends the wait for budget.
@@ -66,7 +66,7 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
     });
     if (op_id_ == 0) {
       for (import_start& m : members_) {
-        if (!m.ready) m.ready = shutting_down();
+        if (!m.ready) m.ready = refused(shutting_down(), "shutdown");
       }
     }
   }
@@ -133,8 +133,9 @@ void batch_operation::on_budget(absl::Status status) {
     if (!needs_budget(m)) continue;
     if (!status.ok()) {
       m.source.reset();  // consumed: nothing reads it yet
-      m.ready = status;
-      member_done(i, status);
+      const absl::Status failed = failed_after_taking(status, m.plan);
+      m.ready = failed;
+      member_done(i, failed);
       continue;
     }
     m.budget_held = true;

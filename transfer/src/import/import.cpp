@@ -4,11 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
+#include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/staging_pipeline.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/import/import_operation.hpp"
+#include "transfer/src/validate/layout.hpp"
 
 namespace dlasync {
 namespace detail {
@@ -17,17 +20,39 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
   runtime_core& core = core_of(rt);
   import_start start;
   if (!core.accepting()) {
-    start.ready = shutting_down();
+    start.ready = refused(shutting_down(), "shutdown");
     return start;
   }
   absl::StatusOr<import_plan> plan = plan_import(source, options, core.registry());
   if (!plan.ok()) {
-    start.ready = plan.status();
+    start.ready = refused(plan.status(), "");
     return start;
   }
   const absl::StatusOr<transfer_path> path = choose_path(core, *plan);
   if (!path.ok()) {
-    start.ready = path.status();
+    start.ready = refused(path.status(), "location", &*plan);
+    return start;
+  }
+  if (*path == transfer_path::pageable_to_gpu &&
+      !staging_pipeline::upload_fits(source_layout(*source.dl_tensor(), *plan),
+                                     core.cuda()->context().chunks().chunk_bytes())) {
+    start.ready = refused(
+        absl::UnimplementedError(absl::StrCat(
+            "a single row of this strided ", plan->source.name(),
+            " source is larger than a staging chunk of ", core.options().staging_chunk_bytes,
+            " bytes; the tensor was not consumed: raise runtime_options::staging_chunk_bytes or "
+            "make the source contiguous first")),
+        "staging", &*plan);
+    return start;
+  }
+  const std::uint64_t limit = core.budget()->limit();
+  if (plan->needs_copy() && limit != 0 && plan->byte_size > limit) {
+    start.ready = refused(
+        absl::ResourceExhaustedError(absl::StrCat(
+            "a copy of ", plan->byte_size, " bytes exceeds the whole copy memory budget of ", limit,
+            " bytes; the tensor was not consumed: raise runtime_options::copy_memory_budget, or "
+            "import a view (copy unset, same device)")),
+        "budget", &*plan);
     return start;
   }
   start.plan = *plan;
@@ -49,11 +74,13 @@ void take_source(runtime& rt, import_start& start, managed_tensor& source) {
     marker_ptr produced =
         core.cuda()->context().record_producer(producer_gpu(plan), plan.producer_stream);
     if (absl::Status st = failed_at_once(produced); !st.ok()) {
-      start.ready = absl::Status(
-          st.code(), absl::StrCat("cannot follow the producer's stream ", plan.producer_stream,
-                                  ": ", st.message(),
-                                  "; the tensor was not consumed: pass a stream of the tensor's "
-                                  "device, or -1 after synchronizing the producer"));
+      start.ready = refused(
+          absl::Status(st.code(),
+                       absl::StrCat("cannot follow the producer's stream ", plan.producer_stream,
+                                    ": ", st.message(),
+                                    "; the tensor was not consumed: pass a stream of the tensor's "
+                                    "device, or -1 after synchronizing the producer")),
+          "producer_stream", &plan);
       return;
     }
     start.produced = std::move(produced);
@@ -88,6 +115,32 @@ struct initiate_started {
 }  // namespace
 
 }  // namespace detail
+
+absl::StatusOr<tensor> import_view(runtime& rt, managed_tensor& source,
+                                   const import_options& options) {
+  detail::import_start start = detail::prepare_import(rt, source, options);
+  if (start.ready) return *std::move(start.ready);
+  const import_plan& plan = start.plan;
+  switch (static_cast<detail::transfer_path>(start.path)) {
+    case detail::transfer_path::view:
+      return detail::tensor_factory::make_view(std::move(source), plan);
+    case detail::transfer_path::view_after_producer:
+      return detail::refused(
+          absl::FailedPreconditionError(absl::StrCat(
+              "import_view hands the view out at once and cannot wait for the producer's "
+              "stream ",
+              plan.producer_stream,
+              "; the tensor was not consumed: pass stream -1 after synchronizing the producer, "
+              "or use import_dlpack, which orders the view after the stream on the device")),
+          "producer_stream", &plan);
+    default:
+      return detail::refused(
+          absl::FailedPreconditionError(absl::StrCat(
+              "a zero-copy view of this tensor is not possible: ", plan.copy_reason_text(),
+              "; the tensor was not consumed: use import_dlpack, which copies")),
+          "copy", &plan);
+  }
+}
 
 #if defined(ASIO_HAS_CO_AWAIT)
 asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,

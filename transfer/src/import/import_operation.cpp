@@ -3,10 +3,26 @@
 #include <atomic>
 #include <thread>
 
+#include "dlasync/transfer/import_error.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
 namespace dlasync::detail {
+
+absl::Status refused(absl::Status status, const char* rule, const import_plan* plan) {
+  import_error e = import_error_of(status).value_or(import_error{});
+  e.consumed = false;
+  if (e.rule.empty()) e.rule = rule;
+  if (plan != nullptr) e.copy_reasons = plan->copy_reason_names();
+  return with_import_error(std::move(status), e);
+}
+
+absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
+  import_error e = import_error_of(status).value_or(import_error{});
+  e.consumed = true;
+  e.copy_reasons = plan.copy_reason_names();
+  return with_import_error(std::move(status), e);
+}
 
 absl::Status shutting_down() {
   return absl::UnavailableError(
@@ -53,7 +69,7 @@ void import_operation::start() {
   });
   if (op_id_ == 0) {
     if (budget_held_) core_.budget()->release(plan_.byte_size);
-    return finish(shut_down_before_copy());
+    return finish(with_import_error(shut_down_before_copy(), {true, "shutdown", ""}));
   }
   if (path_ == transfer_path::view_after_producer) return wait_for_producer();
   if (budget_held_) return on_budget(absl::OkStatus());
@@ -213,6 +229,7 @@ void import_operation::on_copied(absl::Status status) {
 
 void import_operation::finish(import_result result) {
   release_source();
+  if (!result.ok()) result = failed_after_taking(std::move(result).status(), plan_);
   std::move(done_)(std::move(result));
   if (op_id_ != 0) core_.end_operation(op_id_);
 }

@@ -69,6 +69,13 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
 // and `source` keeps the tensor).
 void take_source(runtime& rt, import_start& start, managed_tensor& source);
 
+// `status` as a refusal by `rule` (import_error.hpp), the tensor not
+// consumed; a rule that validation named already is kept.
+absl::Status refused(absl::Status status, const char* rule, const import_plan* plan = nullptr);
+
+// `status` as the failure of an import that had taken its tensor.
+absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
+
 // The Unavailable of an import that began after shutdown started; the
 // tensor is not consumed.
 absl::Status shutting_down();

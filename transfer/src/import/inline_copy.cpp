@@ -1,6 +1,7 @@
 // Small host copies done on the calling thread (detail::copy_inline).
 #include "absl/container/inlined_vector.h"
 #include "dlasync/transfer/detail/import_initiation.hpp"
+#include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
@@ -23,7 +24,8 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   const std::uint64_t op = core.begin_operation([] {});
   if (op == 0) {
     budget->release(bytes);
-    return import_result(shut_down_before_copy());
+    return import_result(failed_after_taking(
+        with_import_error(shut_down_before_copy(), {true, "shutdown", ""}), start.plan));
   }
   absl::StatusOr<device_buffer> allocated =
       core.host().allocate(plan.target, bytes, plan.alignment, {plan.target, 0});

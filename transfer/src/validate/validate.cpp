@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/status_macros.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -197,11 +198,27 @@ absl::Status check_address(const DLTensor& dl, import_plan& plan) {
   return absl::OkStatus();
 }
 
+// `status` marked as refused by `rule`, the tensor not consumed.
+absl::Status ruled(const char* rule, absl::Status status, const import_plan* plan = nullptr) {
+  return with_import_error(std::move(status),
+                           {false, rule, plan != nullptr ? plan->copy_reason_names() : ""});
+}
+
 std::string device_pair(const import_plan& p) {
   return absl::StrCat(p.source.name(), " to ", p.target.name());
 }
 
 }  // namespace
+
+std::string import_plan::copy_reason_names() const {
+  std::vector<const char*> names;
+  if (has(copy_reason::requested)) names.push_back("requested");
+  if (has(copy_reason::cross_device)) names.push_back("cross_device");
+  if (has(copy_reason::alignment)) names.push_back("alignment");
+  if (has(copy_reason::contiguity)) names.push_back("contiguity");
+  if (has(copy_reason::writable)) names.push_back("writable");
+  return absl::StrJoin(names, ",");
+}
 
 std::string import_plan::copy_reason_text() const {
   std::vector<std::string> parts;
@@ -227,8 +244,8 @@ std::string import_plan::copy_reason_text() const {
 
 absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const import_options& options,
                                         const device_registry& registry) {
-  DLASYNC_RETURN_IF_ERROR(check_options(options));
-  DLASYNC_RETURN_IF_ERROR(check_version(tensor));
+  DLASYNC_RETURN_IF_ERROR(ruled("options", check_options(options)));
+  DLASYNC_RETURN_IF_ERROR(ruled("version", check_version(tensor)));
   const DLTensor& dl = *tensor.dl_tensor();
 
   import_plan plan;
@@ -236,43 +253,51 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
   plan.flags = tensor.flags() & known_flags;
   plan.ndim = dl.ndim;
   plan.type = dtype::from_dl(dl.dtype);
-  DLASYNC_RETURN_IF_ERROR(check_shape(dl, plan.element_count));
-  DLASYNC_RETURN_IF_ERROR(check_dtype(plan.type, plan.flags));
-  DLASYNC_RETURN_IF_ERROR(check_byte_size(plan.type, plan.element_count, plan.byte_size));
+  DLASYNC_RETURN_IF_ERROR(ruled("shape", check_shape(dl, plan.element_count)));
+  DLASYNC_RETURN_IF_ERROR(ruled("dtype", check_dtype(plan.type, plan.flags)));
+  DLASYNC_RETURN_IF_ERROR(
+      ruled("byte_size", check_byte_size(plan.type, plan.element_count, plan.byte_size)));
 
   plan.source = device_from_dl(dl.device);
-  DLASYNC_RETURN_IF_ERROR(registry.check_device(plan.source, "source"));
+  DLASYNC_RETURN_IF_ERROR(ruled("source_device", registry.check_device(plan.source, "source")));
   plan.target = options.target.value_or(plan.source);
-  if (options.target) DLASYNC_RETURN_IF_ERROR(registry.check_device(plan.target, "target"));
-  DLASYNC_RETURN_IF_ERROR(check_stream(options, plan.source, registry));
+  if (options.target) {
+    DLASYNC_RETURN_IF_ERROR(ruled("target_device", registry.check_device(plan.target, "target")));
+  }
+  DLASYNC_RETURN_IF_ERROR(ruled("stream", check_stream(options, plan.source, registry)));
   if (plan.source.kind != device_kind::cpu) {
     plan.producer_stream = options.stream.value_or(stream_no_sync);
   }
   if (options.consumer_stream && *options.consumer_stream != stream_no_sync) {
     const std::int64_t c = *options.consumer_stream;
     if (plan.target.kind != device_kind::cuda) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("consumer_stream ", c, " was given for target ", plan.target.name(),
-                       ", which has no streams; it applies to GPU targets only"));
+      return ruled("consumer_stream",
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "consumer_stream ", c, " was given for target ", plan.target.name(),
+                       ", which has no streams; it applies to GPU targets only")));
     }
     if (c == 0 || c < stream_no_sync) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "consumer_stream ", c, " is not a DLPack stream value; use 1 or a stream handle"));
+      return ruled(
+          "consumer_stream",
+          absl::InvalidArgumentError(absl::StrCat(
+              "consumer_stream ", c, " is not a DLPack stream value; use 1 or a stream handle")));
     }
     if (c == stream_per_thread_default) {
       // The wait is enqueued once the copy is, often on another thread
       // (a worker, the CUDA reactor), whose per-thread stream is not the
       // caller's.
-      return absl::InvalidArgumentError(
-          "consumer_stream 2 (the per-thread default stream) names the stream of whichever "
-          "thread makes the CUDA call, and the import enqueues its wait later, on another "
-          "thread; pass a stream handle of your own (gpu_stream::dlpack_stream())");
+      return ruled(
+          "consumer_stream",
+          absl::InvalidArgumentError(
+              "consumer_stream 2 (the per-thread default stream) names the stream of whichever "
+              "thread makes the CUDA call, and the import enqueues its wait later, on another "
+              "thread; pass a stream handle of your own (gpu_stream::dlpack_stream())"));
     }
     plan.consumer_stream = c;
   }
 
-  DLASYNC_RETURN_IF_ERROR(check_strides(dl, plan.type, plan.byte_size, plan));
-  DLASYNC_RETURN_IF_ERROR(check_address(dl, plan));
+  DLASYNC_RETURN_IF_ERROR(ruled("strides", check_strides(dl, plan.type, plan.byte_size, plan)));
+  DLASYNC_RETURN_IF_ERROR(ruled("address", check_address(dl, plan)));
 
   // The target's real requirement: the element size (a byte for packed
   // sub-byte data), or more when the caller asks; never DLPack's 256.
@@ -293,16 +318,20 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
   plan.copy_reasons = reasons;
 
   if (plan.needs_copy() && options.copy == false) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "copy=false, but importing from ", device_pair(plan), " needs a copy: ",
-        plan.copy_reason_text(), "; allow a copy (copy unset or true) or change the request"));
+    return ruled("copy",
+                 absl::FailedPreconditionError(
+                     absl::StrCat("copy=false, but importing from ", device_pair(plan),
+                                  " needs a copy: ", plan.copy_reason_text(),
+                                  "; allow a copy (copy unset or true) or change the request")),
+                 &plan);
   }
   if (plan.needs_copy() && !registry.find(plan.target.kind)->allocates) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the import needs a copy (", plan.copy_reason_text(),
-        ") but this build cannot place "
-        "copies in ",
-        device_kind_name(plan.target.kind), " memory; pass a target such as ", host_device.name()));
+    return ruled("placement",
+                 absl::UnimplementedError(absl::StrCat(
+                     "the import needs a copy (", plan.copy_reason_text(),
+                     ") but this build cannot place copies in ", device_kind_name(plan.target.kind),
+                     " memory; pass a target such as ", host_device.name())),
+                 &plan);
   }
   return plan;
 }

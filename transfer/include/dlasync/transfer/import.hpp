@@ -64,11 +64,23 @@
 #include "asio/awaitable.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/detail/import_initiation.hpp"
+#include "dlasync/transfer/import_error.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"
 
 namespace dlasync {
+
+// A zero-copy view, synchronously, with the promises of import_dlpack: the
+// runtime must be accepting (Unavailable otherwise), the CUDA runtime
+// confirms that GPU, managed or pinned memory lies where the tensor says
+// (FailedPrecondition otherwise), and no producer stream may be given: a
+// view handed out at once cannot follow one (FailedPrecondition: pass -1
+// after synchronizing the producer, or use import_dlpack, which waits on the
+// device). When a copy would be needed it fails with FailedPrecondition
+// naming why. On every error `source` keeps the tensor.
+[[nodiscard]] absl::StatusOr<tensor> import_view(runtime& rt, managed_tensor& source,
+                                                 const import_options& options = {});
 
 #if defined(ASIO_HAS_CO_AWAIT)
 // Imports `source` onto `options.target`. `source` must stay alive until the

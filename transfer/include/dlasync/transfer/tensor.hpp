@@ -105,10 +105,13 @@ class tensor {
   std::shared_ptr<const detail::tensor_state> state_;
 };
 
-// Imports `source` as a zero-copy view when `options` allow one: validates
-// and plans (plan_import), then takes `source` only on success. When a copy
-// would be needed it fails with FailedPrecondition naming why, and `source`
-// keeps the tensor; the asynchronous import makes copies.
+// Imports `source` as a zero-copy view of host memory when `options` allow
+// one: validates and plans (plan_import), then takes `source` only on
+// success. When a copy would be needed it fails with FailedPrecondition
+// naming why, and `source` keeps the tensor; the asynchronous import makes
+// copies. GPU, managed and pinned memory are refused here (FailedPrecondition):
+// only a runtime can confirm where they lie; use the runtime's import_view
+// (import.hpp).
 absl::StatusOr<tensor> import_view(managed_tensor& source, const import_options& options,
                                    const device_registry& registry);
 

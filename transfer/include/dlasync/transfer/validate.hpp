@@ -84,6 +84,8 @@ struct import_plan {
   }
   // "cross-device (cpu:0 to cpu:1), alignment (...)", or "none".
   std::string copy_reason_text() const;
+  // "cross_device,alignment": the reasons' names, for import_error.
+  std::string copy_reason_names() const;
 };
 
 // Validates `tensor` against `options` and the devices of `registry`, and
