@@ -17,7 +17,9 @@
 // Thread safety: all members are safe to call from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +28,10 @@
 #include "dlasync/runtime/device_registry.hpp"
 
 namespace dlasync {
+
+// Where a stream-ordered buffer is freed (DLPack stream encoding), shared
+// by the buffer and the tensor that holds it.
+using free_stream_slot = std::shared_ptr<std::atomic<std::int64_t>>;
 
 // One stream of one device: `index` modulo the device's stream count.
 struct stream_ref {
@@ -44,9 +50,13 @@ class backend {
 
   // Allocates `bytes` on `d`, aligned to `alignment` bytes (a power of two),
   // in the order of stream `s` where the device orders allocations.
-  // ResourceExhausted when the device is out of memory.
+  // ResourceExhausted when the device is out of memory. Where memory is
+  // freed stream-ordered, `free_stream` (when given) is set to the stream
+  // (DLPack encoding) and read when the buffer is freed: the tensor's
+  // set_stream moves the free onto the caller's stream.
   virtual absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes,
-                                                 std::size_t alignment, stream_ref s) = 0;
+                                                 std::size_t alignment, stream_ref s,
+                                                 const free_stream_slot& free_stream) = 0;
 
   // Returns once no completion callback that was running on a thread of the
   // backend's own (the CUDA reactor) at the time of the call is still

@@ -17,7 +17,9 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/transfer/import.hpp"
+#include "support/cuda_scenarios.hpp"
 #include "support/runtime_fixture.hpp"
+#include "support/sim_reports.hpp"
 #include "support/sim_runtime.hpp"
 #include "support/test_tensors.hpp"
 
@@ -503,6 +505,80 @@ TEST_CASE("every error says whether the tensor was consumed, which rule, and why
   // A status not made by an import carries nothing.
   CHECK_FALSE(import_error_of(absl::InternalError("elsewhere")));
   CHECK_FALSE(import_error_of(absl::OkStatus()));
+}
+
+TEST_CASE("a GPU copy knows its stream, and set_stream frees it after the caller's work",
+          "[transfer][contract][stream]") {
+  testing::sim_runtime r = testing::make_sim_runtime();
+  host_source bytes(64 * kib);
+  deleter_count count;
+  managed_tensor source = make_tensor(bytes.spec, count);
+  absl::StatusOr<tensor> t =
+      async_import_dlpack(*r.rt, source, onto(device{device_kind::cuda, 0}), asio::use_future)
+          .get();
+  REQUIRE(t.ok());
+  CHECK(count.calls == 1);
+  CHECK(t->stream() != stream_no_sync);  // the import's own stream
+  r.sim->set_device(0);
+  cuda::stream_t caller = nullptr;
+  REQUIRE(r.sim->stream_create(&caller, cuda::stream_flags::non_blocking) == cuda::error::success);
+  // The caller's own work reads the copy on its stream, into pinned memory
+  // (a copy to pageable memory would make the host wait for it); the host
+  // has not waited for it when the tensor goes.
+  void* pinned = nullptr;
+  REQUIRE(r.sim->malloc_host(&pinned, 64 * kib) == cuda::error::success);
+  const float* back = static_cast<const float*>(pinned);
+  REQUIRE(r.sim->memcpy_async(pinned, t->data(), 64 * kib, cuda::memcpy_kind::device_to_host,
+                              caller) == cuda::error::success);
+  const bool handed_over = GENERATE(true, false);
+  if (handed_over) {
+    INFO("set_stream: the free follows the caller's read on its stream");
+    REQUIRE(t->set_stream(reinterpret_cast<std::int64_t>(caller)).ok());
+    CHECK(t->stream() == reinterpret_cast<std::int64_t>(caller));
+    t = tensor();
+  } else {
+    INFO("without set_stream the free on the import's stream races the caller's read");
+    t = tensor();
+    testing::require_reports(*r.sim, 1, {"race: cudaFreeAsync", "cudaMemcpyAsync", "frees"});
+  }
+  testing::finish_stream(*r.sim, 0, caller);
+  CHECK(back[4095] == 4095.0f);
+  REQUIRE(r.sim->free_host(pinned) == cuda::error::success);
+  REQUIRE(r.sim->stream_destroy(caller) == cuda::error::success);
+}
+
+TEST_CASE("set_stream refuses views, host copies and streams a free cannot follow",
+          "[transfer][contract][stream]") {
+  std::unique_ptr<runtime> rt = make_runtime(2);
+  host_source bytes(4 * kib);
+  deleter_count count;
+  managed_tensor source = make_tensor(bytes.spec, count);
+  absl::StatusOr<tensor> view = async_import_dlpack(*rt, source, {}, asio::use_future).get();
+  REQUIRE(view.ok());
+  CHECK(view->stream() == stream_no_sync);
+  require_status(view->set_stream(7), absl::StatusCode::kFailedPrecondition,
+                 {"GPU copies", "view on cpu:0", "has no stream"});
+  managed_tensor other = make_tensor(bytes.spec, count);
+  absl::StatusOr<tensor> copy =
+      async_import_dlpack(*rt, other, onto(second_cpu), asio::use_future).get();
+  REQUIRE(copy.ok());
+  require_status(copy->set_stream(7), absl::StatusCode::kFailedPrecondition,
+                 {"copy on cpu:1", "has no stream"});
+
+  testing::sim_runtime r = testing::make_sim_runtime();
+  managed_tensor up = make_tensor(bytes.spec, count);
+  absl::StatusOr<tensor> gpu =
+      async_import_dlpack(*r.rt, up, onto(device{device_kind::cuda, 0}), asio::use_future).get();
+  REQUIRE(gpu.ok());
+  for (const std::int64_t bad :
+       {std::int64_t{0}, std::int64_t{2}, std::int64_t{-1}, std::int64_t{-5}}) {
+    require_status(gpu->set_stream(bad), absl::StatusCode::kInvalidArgument,
+                   {"names no stream", "stream handle"});
+  }
+  const std::int64_t own = gpu->stream();
+  CHECK(own != stream_no_sync);
+  REQUIRE(gpu->set_stream(1).ok());  // the legacy default stream
+  CHECK(gpu->stream() == 1);
 }
 
 }  // namespace dlasync

@@ -54,7 +54,8 @@ std::vector<served_devices> cuda_backend::served() const {
 }
 
 absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t bytes,
-                                                     std::size_t alignment, stream_ref s) {
+                                                     std::size_t alignment, stream_ref s,
+                                                     const free_stream_slot& free_stream) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   cuda::stream_t stream = context_->stream(d.ordinal, s.index);
   // Pools hand out 256-byte aligned blocks; more is asked of by padding.
@@ -68,10 +69,17 @@ absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t byt
   // The first aligned byte of the block: an offset into it, not a cast.
   const auto address = reinterpret_cast<std::uintptr_t>(base);
   const std::uint64_t skip = pad == 0 ? 0 : (alignment - address % alignment) % alignment;
+  if (free_stream) free_stream->store(reinterpret_cast<std::intptr_t>(stream));
   return device_buffer(
       d, static_cast<char*>(base) + skip, bytes,
-      [context = context_, base, stream, ordinal = d.ordinal](void*, std::uint64_t) {
-        (void)context->release_memory(ordinal, base, stream);
+      [context = context_, base, stream, ordinal = d.ordinal, free_stream](void*, std::uint64_t) {
+        // The allocation's stream, or the one the tensor's
+        // holder named (tensor::set_stream).
+        const cuda::stream_t on =
+            free_stream ? reinterpret_cast<cuda::stream_t>(  // NOLINT(performance-no-int-to-ptr)
+                              static_cast<std::intptr_t>(free_stream->load()))
+                        : stream;
+        (void)context->release_memory(ordinal, base, on);
       });
 }
 

@@ -29,7 +29,8 @@ host_stream& host_backend::stream(stream_ref s) {
 }
 
 absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t bytes,
-                                                     std::size_t alignment, stream_ref) {
+                                                     std::size_t alignment, stream_ref,
+                                                     const free_stream_slot& /*free_stream*/) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   alignment = std::max<std::size_t>(alignment, 64);  // a cache line at least
   std::uint64_t capacity = 0;

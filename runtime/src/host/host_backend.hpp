@@ -35,7 +35,13 @@ class host_backend final : public backend {
   const char* name() const noexcept override { return "host"; }
   std::vector<served_devices> served() const override;
   absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
-                                         stream_ref s) override;
+                                         stream_ref s,
+                                         const free_stream_slot& free_stream) override;
+  // Host memory is never freed stream-ordered.
+  absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
+                                         stream_ref s) {
+    return allocate(d, bytes, alignment, s, nullptr);
+  }
 
   // Stream `s.index` of host device `s.device`; pinned host memory is the
   // host's, and its work runs on cpu:0's streams.

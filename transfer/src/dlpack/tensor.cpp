@@ -93,7 +93,8 @@ tensor tensor_factory::make_view(managed_tensor source, const import_plan& plan)
 }
 
 tensor tensor_factory::make_copy(device_buffer buffer, const import_plan& plan,
-                                 std::span<const std::int64_t> shape) {
+                                 std::span<const std::int64_t> shape,
+                                 std::shared_ptr<std::atomic<std::int64_t>> stream) {
   auto state = std::make_shared_for_overwrite<copy_state>();
   state->device = plan.target;
   state->type = plan.type;
@@ -106,10 +107,30 @@ tensor tensor_factory::make_copy(device_buffer buffer, const import_plan& plan,
   std::copy(shape.begin(), shape.end(), state->dims.begin());
   fill_compact_strides(*state);
   state->buffer = std::move(buffer);
+  state->stream = std::move(stream);
   return tensor(std::move(state));
 }
 
 }  // namespace detail
+
+absl::Status tensor::set_stream(std::int64_t s) const {
+  if (state_ == nullptr) return empty_error();
+  if (!state_->stream) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "set_stream applies to GPU copies, whose memory dlasync frees stream-ordered; this ",
+        is_view() ? "view" : "copy", " on ", state_->device.name(),
+        " has no stream: its memory is released when the last reference goes"));
+  }
+  if (s == 0 || s == stream_per_thread_default || s < stream_no_sync || s == stream_no_sync) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "set_stream(", s,
+        ") names no stream that the free can follow: pass a stream handle of the tensor's GPU, "
+        "or 1 for the legacy default stream (2, the per-thread default stream, would name "
+        "another stream on the thread that frees)"));
+  }
+  state_->stream->store(s);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<DLManagedTensorVersioned*> tensor::to_dlpack_versioned() const {
   if (state_ == nullptr) return empty_error();

@@ -2,6 +2,9 @@
 // copies that own a buffer.
 #pragma once
 
+#include <atomic>
+#include <memory>
+
 #include <cstdint>
 #include <span>
 
@@ -19,8 +22,10 @@ struct tensor_factory {
 
   // A compact row-major tensor of extents `shape` owning `buffer`, which
   // holds `plan`'s elements on `plan.target`.
+  // `stream`: a GPU copy's free stream (backend::allocate's slot), or null.
   static tensor make_copy(device_buffer buffer, const import_plan& plan,
-                          std::span<const std::int64_t> shape);
+                          std::span<const std::int64_t> shape,
+                          std::shared_ptr<std::atomic<std::int64_t>> stream = nullptr);
 };
 
 }  // namespace dlasync::detail

@@ -149,8 +149,14 @@ void import_operation::on_budget(absl::Status status) {
         "the import was cancelled before its copy started; the source tensor was released"));
   }
   const stream_ref stream = core_.next_stream(stream_device(path_, plan_));
+  // A GPU copy's memory is freed stream-ordered; the tensor may move that
+  // free onto the caller's stream (tensor::set_stream).
+  if (plan_.target.kind == device_kind::cuda) {
+    free_stream_ = std::make_shared<std::atomic<std::int64_t>>(stream_no_sync);
+  }
   absl::StatusOr<device_buffer> allocated =
-      core_.backend_for(plan_.target.kind)->allocate(plan_.target, bytes, plan_.alignment, stream);
+      core_.backend_for(plan_.target.kind)
+          ->allocate(plan_.target, bytes, plan_.alignment, stream, free_stream_);
   if (!allocated.ok()) {
     budget->release(bytes);
     return finish(allocated.status());
@@ -178,7 +184,7 @@ void import_operation::on_budget(absl::Status status) {
   if (caller_stream_follows(copied)) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.
-    std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
+    std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_));
     copied->on_complete([self = shared_from_this()](const absl::Status&) {
       self->release_source();
       self->core_.end_operation(self->op_id_);
@@ -224,7 +230,7 @@ void import_operation::on_copied(absl::Status status) {
     buffer_.reset();
     return finish(std::move(status));
   }
-  finish(tensor_factory::make_copy(std::move(buffer_), plan_, shape_));
+  finish(tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_));
 }
 
 void import_operation::finish(import_result result) {

@@ -58,6 +58,7 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   std::uint64_t op_id_ = 0;
   bool budget_held_ = false;
   device_buffer buffer_;
+  free_stream_slot free_stream_;  // a GPU copy's, else null
 };
 
 // Validates `source` and chooses its transfer path; consumes nothing. The

@@ -28,6 +28,7 @@
 #include <span>
 
 #include "absl/status/statusor.h"
+#include "dlasync/runtime/dlpack_stream.hpp"
 #include "dlasync/transfer/detail/tensor_state.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/import_options.hpp"
@@ -85,6 +86,27 @@ class tensor {
   std::uint64_t flags() const noexcept { return state_->flags; }
   // References to the state: tensor copies plus live exports.
   long use_count() const noexcept { return state_.use_count(); }
+
+  // The stream of a GPU copy (DLPack encoding: a cudaStream_t as an
+  // integer, or 1 for the legacy default stream), as RMM's device_buffer
+  // has one: the copy was made in its order, and its memory is freed on it,
+  // stream-ordered, when the last reference goes. stream_no_sync (-1) for
+  // views and host copies, whose memory has no stream.
+  std::int64_t stream() const noexcept {
+    return state_ != nullptr && state_->stream ? state_->stream->load() : stream_no_sync;
+  }
+
+  // Hands a GPU copy to the caller's stream `s` (a cudaStream_t of the
+  // tensor's GPU, as an integer, or 1): the memory is then freed on `s`, after
+  // the caller's work enqueued there before the last reference goes, with no
+  // host synchronization. `s` must stay alive until then, and must already
+  // follow the copy (it does once the import delivered the tensor without a
+  // consumer stream, or when it was the import's consumer_stream). Applies
+  // to every handle of this tensor. FailedPrecondition for an empty tensor,
+  // a view or a host copy; InvalidArgument for 0, 2 (a per-thread default
+  // stream names another stream on the thread that frees) or another
+  // negative value.
+  absl::Status set_stream(std::int64_t s) const;
 
   // Exports a new versioned managed tensor (DLPack 1.3) that shares this
   // tensor's memory; its deleter drops the reference. The caller owns the

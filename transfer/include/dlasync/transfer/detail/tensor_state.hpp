@@ -5,7 +5,9 @@
 // view, an allocation for a copy). One allocation holds both.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 
 #include "absl/container/inlined_vector.h"
 #include "dlasync/runtime/device.hpp"
@@ -36,6 +38,9 @@ struct tensor_state {
   std::uint64_t byte_size = 0;
   // ndim extents, then ndim strides in elements.
   absl::InlinedVector<std::int64_t, 8> dims;
+  // A GPU copy's stream (DLPack encoding), on which its memory is freed;
+  // null for views and host copies.
+  std::shared_ptr<std::atomic<std::int64_t>> stream;
 };
 
 }  // namespace detail
