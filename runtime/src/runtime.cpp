@@ -15,7 +15,7 @@ runtime::runtime(std::unique_ptr<detail::runtime_core> core) noexcept : core_(st
 runtime::~runtime() = default;
 
 runtime::executor_type runtime::get_executor() noexcept {
-  return core_->io().get_executor();
+  return core_->executor();
 }
 
 const device_registry& runtime::registry() const noexcept {

@@ -36,7 +36,8 @@ runtime_core::runtime_core(runtime_options options, runtime_hooks hooks)
     : options_(std::move(options)),
       hooks_(std::move(hooks)),
       budget_(std::make_shared<memory_budget>(options_.copy_memory_budget)),
-      workers_(static_cast<std::size_t>(options_.worker_threads)) {}
+      workers_(options_.worker_executor ? std::make_unique<work_pool>(*options_.worker_executor)
+                                        : std::make_unique<work_pool>(options_.worker_threads)) {}
 
 absl::StatusOr<std::unique_ptr<runtime_core>> runtime_core::create(runtime_options options,
                                                                    const process_topology& topology,
@@ -51,8 +52,8 @@ absl::Status runtime_core::start(const process_topology& topology) {
   host.host_devices = options_.host_devices;
   host.streams_per_device = options_.streams_per_device;
   host.cache_max_bytes = options_.host_cache_bytes;
-  host_ = std::make_unique<host_backend>(host, workers_);
-  completions_->attach(workers_.get_executor());
+  host_ = std::make_unique<host_backend>(host, *workers_);
+  completions_->attach(workers_->executor());
   // What each backend announces is both the registry's entries and which
   // backend backend_for names for a kind.
   std::vector<served_devices> served;
@@ -86,9 +87,14 @@ absl::Status runtime_core::start(const process_topology& topology) {
   const auto gpus = static_cast<std::size_t>(cuda_ ? cuda_->device_count() : 0);
   next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(
       static_cast<std::size_t>(options_.host_devices) + 1 + gpus);
-  work_.emplace(io_.get_executor());
-  for (int i = 0; i < options_.executor_threads; ++i) {
-    executor_threads_.emplace_back([this] { run_executor(); });
+  if (options_.executor) {
+    executor_ = *options_.executor;  // the caller runs it
+  } else {
+    executor_ = io_.get_executor();
+    work_.emplace(io_.get_executor());
+    for (int i = 0; i < options_.executor_threads; ++i) {
+      executor_threads_.emplace_back([this] { run_executor(); });
+    }
   }
   return absl::OkStatus();
 }
@@ -185,7 +191,7 @@ void runtime_core::shutdown() {
   work_.reset();
   io_.stop();
   for (std::thread& t : executor_threads_) t.join();
-  workers_.join();
+  workers_->drain();
   // Handlers still queued on the executor are destroyed without being
   // called, and with them the tensors they would have received.
   io_.shutdown();

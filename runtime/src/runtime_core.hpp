@@ -25,13 +25,13 @@
 #include "absl/status/statusor.h"
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
-#include "asio/thread_pool.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/cuda/cuda_api.hpp"
 #include "runtime/src/cuda/cuda_backend.hpp"
 #include "runtime/src/handoff.hpp"
 #include "runtime/src/host/host_backend.hpp"
+#include "runtime/src/work_pool.hpp"
 
 namespace dlasync::detail {
 
@@ -59,7 +59,10 @@ class runtime_core {
   const device_registry& registry() const noexcept { return *registry_; }
   const std::shared_ptr<memory_budget>& budget() const noexcept { return budget_; }
   asio::io_context& io() noexcept { return io_; }
-  asio::thread_pool& workers() noexcept { return workers_; }
+  // The executor handlers without one of their own run on: the caller's
+  // (runtime_options::executor) or the io_context's.
+  const asio::any_io_executor& executor() const noexcept { return executor_; }
+  work_pool& workers() noexcept { return *workers_; }
   // Where completions that arrive on the CUDA reactor, and budget grants
   // that arrive on a thread dropping a tensor, continue: the workers, until
   // shutdown stops them.
@@ -113,7 +116,7 @@ class runtime_core {
   runtime_options options_;
   runtime_hooks hooks_;
   std::shared_ptr<memory_budget> budget_;
-  asio::thread_pool workers_;
+  std::unique_ptr<work_pool> workers_;
   std::unique_ptr<host_backend> host_;
   std::shared_ptr<cuda::api> cuda_api_;
   std::unique_ptr<cuda_backend> cuda_;
@@ -122,6 +125,7 @@ class runtime_core {
   std::optional<device_registry> registry_;
   std::shared_ptr<handoff> completions_ = std::make_shared<handoff>();
   owned_io io_;
+  asio::any_io_executor executor_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
   std::vector<std::thread> executor_threads_;
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_stream_;

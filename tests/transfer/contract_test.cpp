@@ -3,8 +3,10 @@
 // types, throwing handlers), and shutdown. Every test counts deleters.
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -12,11 +14,17 @@
 #include "asio/bind_cancellation_slot.hpp"
 #include "asio/bind_executor.hpp"
 #include "asio/cancellation_signal.hpp"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
 #include "asio/post.hpp"
+#include "asio/thread_pool.hpp"
+#include "asio/use_awaitable.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/transfer/import.hpp"
+#include "runtime/src/runtime_core.hpp"
 #include "support/cuda_scenarios.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_reports.hpp"
@@ -52,12 +60,13 @@ struct host_source {
   }
 };
 
-// A gate a deleter blocks on until the test opens it (or 30 s pass).
+// A gate a deleter blocks on until the test opens it (or 240 s pass, far
+// beyond any wait of the test's, on a loaded machine and under sanitizers).
 struct gate {
   std::promise<void> opened;
   std::shared_future<void> wait_for = opened.get_future().share();
   void open() { opened.set_value(); }
-  void block() const { wait_for.wait_for(std::chrono::seconds(30)); }
+  void block() const { wait_for.wait_for(std::chrono::seconds(240)); }
 };
 
 }  // namespace
@@ -225,7 +234,7 @@ TEST_CASE("a slow deleter does not delay other imports: the reactor only hands o
     managed_tensor other = make_tensor(bytes.spec, count);
     std::future<absl::StatusOr<tensor>> f =
         async_import_dlpack(*r.rt, other, onto(device{device_kind::cuda, 1}), asio::use_future);
-    const bool completed = f.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+    const bool completed = f.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
     if (!completed) blocked.open();  // do not hang the suite
     REQUIRE(completed);
     REQUIRE(f.get().ok());
@@ -310,7 +319,7 @@ TEST_CASE(
   std::unique_ptr<runtime> rt = make_runtime(2);
   // The executor's one thread is busy until the runtime stops it, so the
   // handler stays queued.
-  asio::io_context& context = rt->get_executor().context();
+  asio::io_context& context = detail::core_of(*rt).io();
   std::promise<void> busy;
   asio::post(rt->get_executor(), [&] {
     busy.set_value();
@@ -579,6 +588,101 @@ TEST_CASE("set_stream refuses views, host copies and streams a free cannot follo
   CHECK(own != stream_no_sync);
   REQUIRE(gpu->set_stream(1).ok());  // the legacy default stream
   CHECK(gpu->stream() == 1);
+}
+
+namespace {
+
+// Threads of this process now.
+std::size_t thread_count() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a runtime embedded in a server's io_context and thread pool adds no threads",
+          "[transfer][contract][embed]") {
+  // The server's own executors, run by the server's own threads.
+  asio::io_context server_io;
+  auto guard = asio::make_work_guard(server_io);
+  asio::thread_pool server_pool(2);
+  std::mutex ids_mutex;
+  std::set<std::thread::id> io_threads;
+  std::vector<std::thread> runners;
+  for (int i = 0; i < 2; ++i) {
+    runners.emplace_back([&] {
+      {
+        std::lock_guard lock(ids_mutex);
+        io_threads.insert(std::this_thread::get_id());
+      }
+      server_io.run();
+    });
+  }
+  const std::size_t before = thread_count();
+  runtime_options o;
+  o.topology = process_topology::single_process(2);
+  o.cuda = "off";
+  o.executor = server_io.get_executor();
+  o.worker_executor = server_pool.get_executor();
+  o.worker_threads = 2;
+  o.inline_copy_bytes = 0;  // every copy goes to the workers
+  absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(o);
+  REQUIRE(created.ok());
+  runtime& rt = **created;
+  CHECK(thread_count() == before);  // no executor, worker or other thread of dlasync's
+
+  // Imports from coroutines on the server's io_context; copies of 2 MiB are
+  // split among the workers, which are the server's pool.
+  host_source bytes(2 << 20);
+  constexpr int imports = 8;
+  std::vector<deleter_count> counts(imports);
+  std::atomic<int> ok{0};
+  std::atomic<int> on_server_thread{0};
+  std::promise<void> all_done;
+  std::atomic<int> finished{0};
+  for (int i = 0; i < imports; ++i) {
+    asio::co_spawn(
+        rt.get_executor(),
+        [&, i]() -> asio::awaitable<void> {
+          managed_tensor source = make_tensor(bytes.spec, counts[static_cast<std::size_t>(i)]);
+          absl::StatusOr<tensor> t = co_await import_dlpack(rt, source, onto(second_cpu));
+          {
+            std::lock_guard lock(ids_mutex);
+            if (io_threads.count(std::this_thread::get_id()) == 1) ++on_server_thread;
+          }
+          if (t.ok() && t->is_copy() && static_cast<const float*>(t->data())[12345] == 12345.0f) {
+            ++ok;
+          }
+          if (++finished == imports) all_done.set_value();
+        },
+        asio::detached);
+  }
+  REQUIRE(all_done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  CHECK(ok == imports);
+  CHECK(on_server_thread == imports);  // the coroutines resumed on the server's threads
+  for (deleter_count& c : counts) CHECK(c.calls == 1);
+  CHECK(thread_count() == before);
+
+  // Shutdown waits for the runtime's tasks on the server's pool, and leaves
+  // the server's executors running.
+  deleter_count late;
+  managed_tensor source = make_tensor(bytes.spec, late);
+  std::future<absl::StatusOr<tensor>> in_flight =
+      async_import_dlpack(rt, source, onto(second_cpu), asio::use_future);
+  rt.shutdown();
+  CHECK(late.calls == 1);
+  CHECK(in_flight.get().status().code() != absl::StatusCode::kUnknown);
+  std::promise<void> still;
+  asio::post(server_io, [&] { still.set_value(); });
+  CHECK(still.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  created->reset();
+  guard.reset();
+  for (std::thread& t : runners) t.join();
+  server_pool.join();
 }
 
 }  // namespace dlasync

@@ -7,7 +7,7 @@
 
 namespace dlasync::detail {
 
-host_backend::host_backend(host_backend_options options, asio::thread_pool& pool)
+host_backend::host_backend(host_backend_options options, work_pool& pool)
     : options_(options),
       cache_(
           std::make_shared<host_block_cache>(options_.cache_min_bytes, options_.cache_max_bytes)) {

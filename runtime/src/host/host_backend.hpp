@@ -9,10 +9,10 @@
 #include <memory>
 #include <vector>
 
-#include "asio/thread_pool.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/host/host_stream.hpp"
+#include "runtime/src/work_pool.hpp"
 
 namespace dlasync::detail {
 
@@ -29,7 +29,7 @@ class host_block_cache;
 
 class host_backend final : public backend {
  public:
-  host_backend(host_backend_options options, asio::thread_pool& pool);
+  host_backend(host_backend_options options, work_pool& pool);
   ~host_backend() override;
 
   const char* name() const noexcept override { return "host"; }

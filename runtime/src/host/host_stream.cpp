@@ -1,7 +1,5 @@
 #include "runtime/src/host/host_stream.hpp"
 
-#include "asio/post.hpp"
-
 namespace dlasync::detail {
 
 void host_stream::enqueue(task t) {
@@ -11,7 +9,7 @@ void host_stream::enqueue(task t) {
     if (running_) return;
     running_ = true;
   }
-  asio::post(pool_, [this] { start_next(); });
+  pool_.post([this] { start_next(); });
 }
 
 void host_stream::start_next() {
@@ -32,10 +30,10 @@ void host_stream::start_next() {
       if (phase_.compare_exchange_strong(expected, done_first, std::memory_order_acq_rel)) {
         return;  // before the task returned: the loop below goes on
       }
-      if (pool_.get_executor().running_in_this_thread()) {
+      if (pool_.running_in_this_thread()) {
         start_next();  // a worker, outside the task: no recursion
       } else {
-        asio::post(pool_, [this] { start_next(); });
+        pool_.post([this] { start_next(); });
       }
     });
     int expected = running;

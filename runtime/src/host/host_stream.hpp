@@ -13,7 +13,7 @@
 #include <mutex>
 
 #include "absl/functional/any_invocable.h"
-#include "asio/thread_pool.hpp"
+#include "runtime/src/work_pool.hpp"
 
 namespace dlasync::detail {
 
@@ -22,7 +22,7 @@ class host_stream {
   using done_fn = absl::AnyInvocable<void() &&>;
   using task = absl::AnyInvocable<void(done_fn) &&>;
 
-  explicit host_stream(asio::thread_pool& pool) : pool_(pool) {}
+  explicit host_stream(work_pool& pool) : pool_(pool) {}
 
   // Runs `t` after every task enqueued before it has called its `done`.
   void enqueue(task t);
@@ -35,7 +35,7 @@ class host_stream {
 
   void start_next();
 
-  asio::thread_pool& pool_;
+  work_pool& pool_;
   std::mutex mutex_;
   std::deque<task> queue_;
   bool running_ = false;

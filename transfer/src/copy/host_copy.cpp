@@ -4,7 +4,6 @@
 #include <atomic>
 #include <memory>
 
-#include "asio/post.hpp"
 #include "transfer/src/copy/gather.hpp"
 
 namespace dlasync::detail {
@@ -66,7 +65,7 @@ void run_copy(runtime_core& core, const copy_request& request, host_stream::done
   };
   // The other parts go to other workers; this worker takes the first.
   for (std::int64_t p = 1; p < parts; ++p) {
-    asio::post(core.workers(), [run_part, p] { run_part(p); });
+    core.workers().post([run_part, p] { run_part(p); });
   }
   run_part(0);
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "asio/post.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/planted.hpp"
 
@@ -43,21 +42,21 @@ absl::Status enqueue_copy(cuda::api& api, int device, void* dst, const void* src
 }  // namespace
 
 std::shared_ptr<staging_pipeline> staging_pipeline::upload(std::shared_ptr<cuda_context> context,
-                                                           asio::thread_pool& pool, int device,
+                                                           work_pool& pool, int device,
                                                            const copy_request& request) {
   return std::shared_ptr<staging_pipeline>(
       new staging_pipeline(std::move(context), pool, device, true, request, nullptr));
 }
 
 std::shared_ptr<staging_pipeline> staging_pipeline::download(std::shared_ptr<cuda_context> context,
-                                                             asio::thread_pool& pool, int device,
+                                                             work_pool& pool, int device,
                                                              const copy_request& request,
                                                              const void* device_source) {
   return std::shared_ptr<staging_pipeline>(
       new staging_pipeline(std::move(context), pool, device, false, request, device_source));
 }
 
-staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, asio::thread_pool& pool,
+staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, work_pool& pool,
                                    int device, bool to_device, const copy_request& request,
                                    const void* device_source)
     : context_(std::move(context)),
@@ -172,7 +171,7 @@ void staging_pipeline::on_chunk(absl::StatusOr<void*> chunk) {
     // A small gather costs less than the hop to a worker and back.
     const auto [begin, end] = ranges_[k];
     if (bytes_of(begin, end) <= inline_gather_bytes) return gather_and_send(k, *chunk);
-    asio::post(pool_, [self = shared_from_this(), k, c = *chunk] { self->gather_and_send(k, c); });
+    pool_.post([self = shared_from_this(), k, c = *chunk] { self->gather_and_send(k, c); });
   } else {
     receive(k, *chunk);
   }
@@ -221,7 +220,7 @@ void staging_pipeline::receive(std::size_t k, void* chunk) {
   }
   // Copies the chunk out to the destination, on a worker.
   auto copy_out = [self = shared_from_this(), k, chunk] {
-    asio::post(self->pool_, [self, k, chunk] {
+    self->pool_.post([self, k, chunk] {
       const auto [begin, end] = self->ranges_[k];
       self->ctx_.api().host_access(chunk, static_cast<std::uint64_t>(end - begin),
                                    cuda::host_use::read, "the host copies a staging chunk out");

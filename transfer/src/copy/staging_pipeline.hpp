@@ -18,9 +18,9 @@
 #include <utility>
 #include <vector>
 
-#include "asio/thread_pool.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/cuda/cuda_context.hpp"
+#include "runtime/src/work_pool.hpp"
 #include "transfer/src/copy/strided_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 
@@ -31,12 +31,12 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
   // To the device: `request.from` (host, read as `request.layout`) into
   // `request.to` on `device`.
   static std::shared_ptr<staging_pipeline> upload(std::shared_ptr<cuda_context> context,
-                                                  asio::thread_pool& pool, int device,
+                                                  work_pool& pool, int device,
                                                   const copy_request& request);
   // From the device: the compact `request.bytes` at `device_source` on
   // `device` into `request.to` (host).
   static std::shared_ptr<staging_pipeline> download(std::shared_ptr<cuda_context> context,
-                                                    asio::thread_pool& pool, int device,
+                                                    work_pool& pool, int device,
                                                     const copy_request& request,
                                                     const void* device_source);
 
@@ -58,7 +58,7 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
   void start(cuda::stream_t after);
 
  private:
-  staging_pipeline(std::shared_ptr<cuda_context> context, asio::thread_pool& pool, int device,
+  staging_pipeline(std::shared_ptr<cuda_context> context, work_pool& pool, int device,
                    bool to_device, const copy_request& request, const void* device_source);
 
   std::uint64_t bytes_of(std::int64_t begin, std::int64_t end) const;
@@ -78,7 +78,7 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
 
   std::shared_ptr<cuda_context> context_;
   cuda_context& ctx_;
-  asio::thread_pool& pool_;
+  work_pool& pool_;
   const int device_;
   const bool to_device_;
   std::shared_ptr<copy_control> control_;

@@ -39,7 +39,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "asio/io_context.hpp"
+#include "asio/any_io_executor.hpp"
 #include "dlasync/runtime/device.hpp"
 #include "dlasync/runtime/device_buffer.hpp"
 #include "dlasync/runtime/device_registry.hpp"
@@ -55,7 +55,8 @@ struct runtime_access;
 
 class runtime {
  public:
-  using executor_type = asio::io_context::executor_type;
+  // The runtime's io_context's executor, or runtime_options::executor.
+  using executor_type = asio::any_io_executor;
 
   // InvalidArgument for a bad option (naming it and the value seen) or a
   // malformed launcher environment; Unavailable for cuda = "real" without

@@ -21,6 +21,8 @@
 #include <optional>
 #include <string>
 
+#include "asio/any_io_executor.hpp"
+
 #include "dlasync/runtime/topology.hpp"
 
 namespace dlasync {
@@ -44,10 +46,28 @@ struct simulated_gpu_options {
 };
 
 struct runtime_options {
-  // Threads running the runtime's io_context: [1, 1024].
+  // Threads running the runtime's io_context: [1, 1024]. Unused when
+  // `executor` is given.
   int executor_threads = 1;
-  // Copy workers: [0, 1024]; 0 means one per hardware thread.
+  // Copy workers: [0, 1024]; 0 means one per hardware thread. With a
+  // `worker_executor`, no threads are started: this is then the number of
+  // parts a large host copy is split into.
   int worker_threads = 0;
+
+  // Embedding in a server that runs its own executors (docs/import.md).
+  // `executor`: the executor of the caller's (a server's io_context, say)
+  // that runtime::get_executor returns, on which handlers without an
+  // executor of their own run. The runtime then starts no executor threads;
+  // the caller runs that executor for as long as imports may complete, and
+  // handlers that throw there reach the caller's run(), as Asio does.
+  std::optional<asio::any_io_executor> executor;
+  // `worker_executor`: where copies, staging gathers, deleters and the
+  // continuations of GPU work run (a server's own thread pool, say). The
+  // runtime then starts no worker threads. It must run tasks concurrently
+  // with the caller's threads, run them until shutdown() returns, and a
+  // task posted to it must not wait for an import (shutdown waits for the
+  // runtime's tasks on it).
+  std::optional<asio::any_io_executor> worker_executor;
   // The process topology; empty means process_topology::from_environment().
   std::optional<process_topology> topology;
   // Virtual host devices (cpu:0..n-1): [0, 1024]; 0 means the topology's
