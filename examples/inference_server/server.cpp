@@ -25,9 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
-#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -35,19 +33,17 @@
 #include "asio/detached.hpp"
 #include "asio/experimental/as_tuple.hpp"
 #include "asio/ip/tcp.hpp"
-#include "asio/read.hpp"
 #include "asio/signal_set.hpp"
 #include "asio/steady_timer.hpp"
 #include "asio/strand.hpp"
 #include "asio/use_awaitable.hpp"
-#include "asio/write.hpp"
 #include "common/awaitables.hpp"
 #include "common/device_sum.hpp"
 #include "common/flags.hpp"
 #include "common/target.hpp"
-#include "deadline.hpp"
 #include "dlasync/dlasync.hpp"
 #include "frame.hpp"
+#include "peer_io.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 5555, "TCP port; 0 picks a free one (see --port_file).");
@@ -172,111 +168,47 @@ class server {
     untrack(id);
   }
 
-  // How reading a part of a frame ended: in full, with the connection
-  // closed or broken, or past the idle or read deadline.
-  enum class got { all, closed, idle, late };
+  using got = peer_io::got;
 
-  deadline_clock::time_point read_deadline() const { return deadline_after(limits_.read_timeout); }
-
-  // Writes a response; a peer that does not take it within the read timeout
-  // is as slow as one that does not send.
-  asio::awaitable<got> send(tcp::socket& socket, const response& r) {
-    const std::vector<std::byte> frame = encode_response(r);
-    std::optional<std::tuple<asio::error_code, std::size_t>> sent = co_await before(
-        read_deadline(), asio::async_write(socket, asio::buffer(frame), as_tuple_awaitable));
-    if (!sent) co_return got::late;
-    co_return std::get<0>(*sent) ? got::closed : got::all;
-  }
-
-  asio::awaitable<bool> reply(tcp::socket& socket, const response& r) {
+  asio::awaitable<bool> reply(peer_io& peer, const response& r) {
     if (r.code == absl::StatusCode::kOk) {
       stats_.answered_ok.fetch_add(1);
     } else {
       stats_.count_error(r.code);
     }
-    const got sent = co_await send(socket, r);
+    const got sent = co_await peer.send(r);
     if (sent == got::late) stats_.closed_late.fetch_add(1);
     co_return sent == got::all;
   }
 
   // Tells a peer past the read deadline why it is disconnected (it sees the
   // response if it still reads); the caller then closes the connection.
-  asio::awaitable<void> cut_off(tcp::socket& socket, const char* what) {
+  asio::awaitable<void> cut_off(peer_io& peer, const char* what) {
     stats_.closed_late.fetch_add(1);
     stats_.count_error(absl::StatusCode::kDeadlineExceeded);
     const response r{0, absl::StatusCode::kDeadlineExceeded, 0, 0,
-                     absl::StrCat(what, " did not arrive within ", limits_.read_timeout.count(),
+                     absl::StrCat(what, " did not arrive within ", peer.read_timeout().count(),
                                   " ms (--read_timeout_ms); closing the connection")};
-    co_await send(socket, r);
-  }
-
-  asio::awaitable<got> read_before(tcp::socket& socket, asio::mutable_buffer buffer,
-                                   deadline_clock::time_point deadline) {
-    std::optional<std::tuple<asio::error_code, std::size_t>> read =
-        co_await before(deadline, asio::async_read(socket, buffer, as_tuple_awaitable));
-    if (!read) co_return got::late;
-    co_return std::get<0>(*read) ? got::closed : got::all;
-  }
-
-  // A frame's header: the peer may take the idle timeout to start it, then
-  // the read timeout to finish it.
-  asio::awaitable<got> read_header(tcp::socket& socket,
-                                   std::array<std::byte, frame_header_bytes>& header) {
-    std::optional<std::tuple<asio::error_code, std::size_t>> first =
-        co_await before(deadline_after(limits_.idle_timeout),
-                        socket.async_read_some(asio::buffer(header), as_tuple_awaitable));
-    if (!first) co_return got::idle;
-    const auto [ec, n] = *first;
-    if (ec) co_return got::closed;
-    if (n == header.size()) co_return got::all;
-    const got rest = co_await read_before(
-        socket, asio::buffer(header.data() + n, header.size() - n), read_deadline());
-    co_return rest;
-  }
-
-  // Waits, within the read timeout, until the body's first byte is there:
-  // a peer that announces a body and sends nothing holds no budget.
-  asio::awaitable<got> body_arriving(tcp::socket& socket, std::uint32_t length) {
-    asio::error_code ec;
-    if (length == 0 || socket.available(ec) > 0 || ec) co_return got::all;
-    std::optional<std::tuple<asio::error_code>> ready = co_await before(
-        read_deadline(), socket.async_wait(tcp::socket::wait_read, as_tuple_awaitable));
-    if (!ready) co_return got::late;
-    co_return std::get<0>(*ready) ? got::closed : got::all;
-  }
-
-  // Reads and drops `bytes` bytes: what is left of a frame that is refused.
-  // They are due within the read timeout, like any body.
-  asio::awaitable<got> discard(tcp::socket& socket, std::uint64_t bytes) {
-    const deadline_clock::time_point deadline = read_deadline();
-    std::array<std::byte, 64 * 1024> scratch;
-    while (bytes > 0) {
-      const std::size_t n =
-          static_cast<std::size_t>(std::min<std::uint64_t>(bytes, scratch.size()));
-      const got part = co_await read_before(socket, asio::buffer(scratch.data(), n), deadline);
-      if (part != got::all) co_return part;
-      bytes -= n;
-    }
-    co_return got::all;
+    co_await peer.send(r);
   }
 
   // Answers a frame with an error and skips its body; false when the
   // connection ends.
-  asio::awaitable<bool> refuse(tcp::socket& socket, const response& refusal,
-                               std::uint64_t body_bytes) {
-    const bool sent = co_await reply(socket, refusal);
+  asio::awaitable<bool> refuse(peer_io& peer, const response& refusal, std::uint64_t body_bytes) {
+    const bool sent = co_await reply(peer, refusal);
     if (!sent) co_return false;
-    const got skipped = co_await discard(socket, body_bytes);
-    if (skipped == got::late) co_await cut_off(socket, "the refused request's body");
+    const got skipped = co_await peer.discard(body_bytes);
+    if (skipped == got::late) co_await cut_off(peer, "the refused request's body");
     co_return skipped == got::all;
   }
 
   asio::awaitable<void> serve(tcp::socket& socket) {
+    peer_io peer(socket, {limits_.read_timeout, limits_.idle_timeout});
     for (;;) {
       std::array<std::byte, frame_header_bytes> header;
-      const got head = co_await read_header(socket, header);
+      const got head = co_await peer.read_header(header);
       if (head == got::idle) stats_.closed_idle.fetch_add(1);
-      if (head == got::late) co_await cut_off(socket, "a frame header");
+      if (head == got::late) co_await cut_off(peer, "a frame header");
       if (head != got::all) co_return;  // closed between frames, or cut off in a header
       absl::StatusOr<std::uint32_t> body_length =
           read_frame_header(header, request_magic, limits_.max_body);
@@ -288,13 +220,13 @@ class server {
                                std::string(body_length.status().message())};
         if (body_length.status().code() != absl::StatusCode::kOutOfRange) {
           stats_.closed_unframed.fetch_add(1);
-          co_await reply(socket, refusal);
+          co_await reply(peer, refusal);
           co_return;
         }
         // The body length was read: skip the body and go on.
         std::uint32_t skip;
         std::memcpy(&skip, header.data() + 4, sizeof skip);
-        const bool goes_on = co_await refuse(socket, refusal, skip);
+        const bool goes_on = co_await refuse(peer, refusal, skip);
         if (!goes_on) co_return;
         continue;
       }
@@ -308,20 +240,20 @@ class server {
             absl::StrCat("request of ", length, " bytes exceeds the per-connection budget of ",
                          limits_.connection_budget,
                          " bytes (--connection_budget_mib): send smaller tensors")};
-        const bool goes_on = co_await refuse(socket, refusal, length);
+        const bool goes_on = co_await refuse(peer, refusal, length);
         if (!goes_on) co_return;
         continue;
       }
       if (within_budget) {
-        const got arriving = co_await body_arriving(socket, length);
-        if (arriving == got::late) co_await cut_off(socket, "the request's body");
+        const got arriving = co_await peer.body_arriving(length);
+        if (arriving == got::late) co_await cut_off(peer, "the request's body");
         if (arriving != got::all) co_return;
       }
       const absl::Status granted = co_await acquire(*budget_, length);
       if (!granted.ok()) {
         const response refusal{0, granted.code(), 0, 0,
                                absl::StrCat("request of ", length, " bytes: ", granted.message())};
-        const bool goes_on = co_await refuse(socket, refusal, length);
+        const bool goes_on = co_await refuse(peer, refusal, length);
         if (!goes_on) co_return;
         continue;
       }
@@ -334,16 +266,15 @@ class server {
                                         });
       // The deadline runs from the grant: waiting for room is the server's
       // doing, not the peer's.
-      const got read =
-          co_await read_before(socket, asio::buffer(body.get(), length), read_deadline());
+      const got read = co_await peer.read(asio::buffer(body.get(), length));
       if (read != got::all) {
         body.reset();  // back to the budget before anything else
-        if (read == got::late) co_await cut_off(socket, "the request's body");
+        if (read == got::late) co_await cut_off(peer, "the request's body");
         co_return;  // cut off mid-frame, by the peer or the deadline
       }
       stats_.bytes_received.fetch_add(frame_header_bytes + length);
       const response r = co_await handle(std::move(body), length);
-      const bool sent = co_await reply(socket, r);
+      const bool sent = co_await reply(peer, r);
       if (!sent) co_return;
     }
   }
