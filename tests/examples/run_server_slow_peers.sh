@@ -16,8 +16,8 @@ export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
-read_timeout_ms=1000
-idle_timeout_ms=2000
+read_timeout_ms=1500
+idle_timeout_ms=3000
 slow_peers=6
 dir=$(mktemp -d)
 server_pid=""
@@ -68,7 +68,7 @@ raw_peer idle '' &
 raw_pids+=($!)
 
 "$client" --port="$port" --slow_peers="$slow_peers" --slow_body_kib=1024 --slow_interval_ms=100 \
-  --slow_seconds=6 --connections=4 --seconds=3 --malformed=0.2 --server_max_frame_mib=2 \
+  --slow_seconds=8 --connections=4 --seconds=3 --malformed=0.2 --server_max_frame_mib=2 \
   --server_connection_budget_mib=1 --max_elements=20000 >"$dir/client.out" 2>&1
 client_status=$?
 cat "$dir/client.out"
@@ -87,7 +87,7 @@ line=$(grep '^  slow peers disconnected by the server: ' "$dir/client.out")
   fail "no slow-peer report"
 [ "${BASH_REMATCH[1]}" -eq "$slow_peers" ] || fail "slow peers left connected: $line"
 [ "${BASH_REMATCH[3]}" -ge $((read_timeout_ms * 9 / 10)) ] || fail "cut off too early: $line"
-[ "${BASH_REMATCH[4]}" -lt $((2 * read_timeout_ms + 1500)) ] || fail "cut off too late: $line"
+[ "${BASH_REMATCH[4]}" -lt $((2 * read_timeout_ms + 2500)) ] || fail "cut off too late: $line"
 
 for pid in "${raw_pids[@]}"; do wait "$pid"; done
 raw_pids=()
@@ -97,7 +97,7 @@ for peer in header silent idle; do
   deadline=$read_timeout_ms
   [ "$peer" = idle ] && deadline=$idle_timeout_ms
   echo "the $peer peer was disconnected after $ms ms (deadline $deadline ms)"
-  [ "$ms" -ge $((deadline * 9 / 10)) ] && [ "$ms" -lt $((deadline + 1500)) ] ||
+  [ "$ms" -ge $((deadline * 9 / 10)) ] && [ "$ms" -lt $((deadline + 2500)) ] ||
     fail "the $peer peer was disconnected after $ms ms, its deadline is $deadline ms"
 done
 grep -aq 'a frame header did not arrive within' "$dir/header.reply" ||
