@@ -45,7 +45,8 @@ fail() {
 }
 
 build-demo/examples/dlasync_server --port=0 --port_file="$dir/port" \
-  --memory_budget_mib="$budget_mib" --max_frame_mib="$frame_mib" "$@" >"$dir/server.out" 2>&1 &
+  --memory_budget_mib="$budget_mib" --connection_budget_mib="$budget_mib" \
+  --max_frame_mib="$frame_mib" "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
   [ -s "$dir/port" ] && break

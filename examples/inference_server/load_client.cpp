@@ -9,11 +9,15 @@
 // a frame cut off by closing the connection); each must get the specific
 // error it deserves, and the connection must go on working (a wrong magic or
 // a cut frame costs the connection, as the protocol says, and the client
-// reconnects).
+// reconnects). With --slow_peers, some connections announce a body and
+// send it a byte at a time: the server must disconnect them at its read
+// deadline while the other connections, opened after them, are answered.
 //
 // Prints throughput, latency percentiles of the valid requests and the
 // outcome counts; exits 0 only when every reply was the one expected.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -28,11 +32,14 @@
 #include "asio/io_context.hpp"
 #include "asio/ip/tcp.hpp"
 #include "asio/read.hpp"
+#include "asio/steady_timer.hpp"
+#include "asio/strand.hpp"
 #include "asio/use_future.hpp"
 #include "asio/write.hpp"
 #include "common/flags.hpp"
 #include "common/stats.hpp"
 #include "frame.hpp"
+#include "slow_peer.hpp"
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Server address.");
 ABSL_FLAG(int, port, 5555, "Server port.");
@@ -46,6 +53,17 @@ ABSL_FLAG(int, server_max_frame_mib, 0,
 ABSL_FLAG(int, server_budget_mib, 0,
           "The server's --memory_budget_mib, when below its frame limit: adds frames larger "
           "than the budget, which must be refused with ResourceExhausted.");
+ABSL_FLAG(int, server_connection_budget_mib, 0,
+          "The server's --connection_budget_mib, when below its frame limit and its memory "
+          "budget: adds frames larger than one connection may hold, which must be refused with "
+          "ResourceExhausted.");
+ABSL_FLAG(int, slow_peers, 0,
+          "Extra connections, opened first, that announce a body of --slow_body_kib and send it "
+          "a byte every --slow_interval_ms; the server must disconnect each of them within "
+          "--slow_seconds.");
+ABSL_FLAG(int, slow_body_kib, 1024, "The body a slow peer announces, in KiB.");
+ABSL_FLAG(int, slow_interval_ms, 100, "Time between two bytes of a slow peer.");
+ABSL_FLAG(double, slow_seconds, 10, "How long a slow peer may stay connected.");
 ABSL_FLAG(std::uint32_t, seed, 1, "Random seed.");
 ABSL_FLAG(int, threads, 2, "Client threads.");
 
@@ -179,8 +197,9 @@ enum class malformed_kind {
   wrong_magic,       // InvalidArgument, then the server closes
   cut_off,           // the client closes mid-frame: no response
   over_budget,       // ResourceExhausted (only with --server_budget_mib below the frame limit)
+  over_connection_budget,  // ResourceExhausted (only with --server_connection_budget_mib)
 };
-constexpr int malformed_kinds = 9;
+constexpr int malformed_kinds = 10;
 
 struct malformed_request {
   malformed_kind kind;
@@ -193,14 +212,27 @@ void set_u32(std::vector<std::byte>& frame, std::size_t at, std::uint32_t v) {
   std::memcpy(frame.data() + at, &v, sizeof v);
 }
 
-malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, std::uint32_t server_max,
-                                 std::uint32_t server_budget) {
+// The server's limits, in bytes, as the flags give them; 0 when not given.
+struct server_limits {
+  std::uint32_t max_frame = 0;
+  std::uint32_t budget = 0;
+  std::uint32_t connection_budget = 0;
+};
+
+malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, const server_limits& server) {
+  const std::uint32_t server_max = server.max_frame;
+  const std::uint32_t server_budget = server.budget;
+  const std::uint32_t connection_budget = server.connection_budget;
   malformed_request m;
   m.kind = static_cast<malformed_kind>(rng() % malformed_kinds);
   if (m.kind == malformed_kind::oversized && server_max == 0)
     m.kind = malformed_kind::unknown_dtype;
   if (m.kind == malformed_kind::over_budget && (server_budget == 0 || server_budget >= server_max))
     m.kind = malformed_kind::payload_mismatch;
+  if (m.kind == malformed_kind::over_connection_budget &&
+      (connection_budget == 0 || connection_budget >= server_max ||
+       (server_budget != 0 && connection_budget >= server_budget)))
+    m.kind = malformed_kind::ndim_too_large;
   const std::vector<std::int64_t> shape{4, 8};
   const std::vector<std::int64_t> strides{8, 1};
   const std::vector<std::byte> payload(32 * 4, std::byte{1});
@@ -260,6 +292,15 @@ malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, std::uint3
       m.expected = absl::StatusCode::kResourceExhausted;
       m.expected_word = "exceeds the whole";
       break;
+    case malformed_kind::over_connection_budget:
+      // Within the frame limit and the whole budget, beyond one connection's
+      // share: refused before the body is read, which the server then skips.
+      m.frame.assign(frame_header_bytes + connection_budget + 1, std::byte{0});
+      set_u32(m.frame, 0, request_magic);
+      set_u32(m.frame, 4, connection_budget + 1);
+      m.expected = absl::StatusCode::kResourceExhausted;
+      m.expected_word = "per-connection";
+      break;
   }
   return m;
 }
@@ -283,14 +324,23 @@ asio::awaitable<bool> connect(tcp::socket& socket, const tcp::endpoint& server) 
   co_return !ec;
 }
 
+std::uint32_t mib_flag(const absl::Flag<int>& flag) {
+  return static_cast<std::uint32_t>(std::max(0, absl::GetFlag(flag))) << 20;
+}
+
 asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point stop_at,
-                            load_stats& stats) {
+                            load_stats& stats, const slow_peer_stats& slow) {
   std::mt19937 rng(absl::GetFlag(FLAGS_seed) * 1000003u + static_cast<unsigned>(index));
   std::bernoulli_distribution malformed(absl::GetFlag(FLAGS_malformed));
-  const std::uint32_t server_max =
-      static_cast<std::uint32_t>(std::max(0, absl::GetFlag(FLAGS_server_max_frame_mib))) << 20;
-  const std::uint32_t server_budget =
-      static_cast<std::uint32_t>(std::max(0, absl::GetFlag(FLAGS_server_budget_mib))) << 20;
+  const server_limits limits{mib_flag(FLAGS_server_max_frame_mib),
+                             mib_flag(FLAGS_server_budget_mib),
+                             mib_flag(FLAGS_server_connection_budget_mib)};
+  // Connect once the slow peers hold their room (waiting 2 s at most).
+  asio::steady_timer pause(co_await asio::this_coro::executor);
+  for (int i = 0; i < 200 && slow.started.load() < absl::GetFlag(FLAGS_slow_peers); ++i) {
+    pause.expires_after(std::chrono::milliseconds(10));
+    co_await pause.async_wait(as_tuple_awaitable);
+  }
   tcp::socket socket(co_await asio::this_coro::executor);
   if (const bool up = co_await connect(socket, server); !up) {
     stats.problem(absl::StrCat("connection ", index, ": cannot connect"));
@@ -300,7 +350,7 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
   while (clock::now() < stop_at) {
     ++id;
     if (malformed(rng)) {
-      malformed_request m = make_malformed(id, rng, server_max, server_budget);
+      malformed_request m = make_malformed(id, rng, limits);
       auto [ec, n] = co_await asio::async_write(socket, asio::buffer(m.frame), as_tuple_awaitable);
       stats.bytes_sent.fetch_add(n);
       if (m.kind == malformed_kind::cut_off || ec) {
@@ -372,8 +422,19 @@ int run() {
       start + std::chrono::duration_cast<clock::duration>(
                   std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
   std::vector<std::future<void>> done;
+  slow_peer_stats slow;
+  slow_peer_options slow_options;
+  slow_options.announced_bytes =
+      static_cast<std::uint32_t>(std::max(1, absl::GetFlag(FLAGS_slow_body_kib))) << 10;
+  slow_options.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_slow_interval_ms));
+  slow_options.give_up_after = std::chrono::milliseconds(
+      static_cast<std::int64_t>(absl::GetFlag(FLAGS_slow_seconds) * 1000));
+  for (int i = 0; i < absl::GetFlag(FLAGS_slow_peers); ++i) {
+    done.push_back(asio::co_spawn(asio::make_strand(io), slow_peer(server, slow_options, slow),
+                                  asio::use_future));
+  }
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
-    done.push_back(asio::co_spawn(io, drive(i, server, stop_at, stats), asio::use_future));
+    done.push_back(asio::co_spawn(io, drive(i, server, stop_at, stats, slow), asio::use_future));
   }
   std::vector<std::thread> threads;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) {
@@ -394,6 +455,17 @@ int run() {
   std::printf("  malformed frames answered as expected: %llu (%llu reconnects)\n",
               static_cast<unsigned long long>(stats.malformed_answered.load()),
               static_cast<unsigned long long>(stats.reconnects.load()));
+  if (absl::GetFlag(FLAGS_slow_peers) > 0) {
+    std::sort(slow.disconnected_after_ms.begin(), slow.disconnected_after_ms.end());
+    std::printf(
+        "  slow peers disconnected by the server: %d of %d (after %.0f to %.0f ms; %d told "
+        "DeadlineExceeded)\n",
+        slow.disconnected.load(), absl::GetFlag(FLAGS_slow_peers),
+        slow.disconnected_after_ms.empty() ? 0.0 : slow.disconnected_after_ms.front(),
+        slow.disconnected_after_ms.empty() ? 0.0 : slow.disconnected_after_ms.back(),
+        slow.told_deadline.load());
+    for (std::string& p : slow.problems) stats.problem(std::move(p));
+  }
   std::printf("  wrong or missing answers: %llu\n",
               static_cast<unsigned long long>(stats.wrong.load()));
   for (const std::string& p : stats.problems) std::printf("  problem: %s\n", p.c_str());

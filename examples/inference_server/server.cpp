@@ -9,9 +9,13 @@
 // the problem and the connection goes on with the next frame; only a wrong
 // magic, after which the next frame cannot be found, closes the connection.
 // Received frames are bounded by a memory budget: a request waits for room,
-// and one larger than the whole budget is refused.
+// and one larger than the whole budget, or than the share one connection may
+// hold, is refused. Slow peers are cut off: each part of a frame must arrive
+// within a deadline, and a connection silent between frames is closed.
 #include <unistd.h>
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -29,18 +33,17 @@
 #include "asio/detached.hpp"
 #include "asio/experimental/as_tuple.hpp"
 #include "asio/ip/tcp.hpp"
-#include "asio/read.hpp"
 #include "asio/signal_set.hpp"
 #include "asio/steady_timer.hpp"
 #include "asio/strand.hpp"
 #include "asio/use_awaitable.hpp"
-#include "asio/write.hpp"
 #include "common/awaitables.hpp"
 #include "common/device_sum.hpp"
 #include "common/flags.hpp"
 #include "common/target.hpp"
 #include "dlasync/dlasync.hpp"
 #include "frame.hpp"
+#include "peer_io.hpp"
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 5555, "TCP port; 0 picks a free one (see --port_file).");
@@ -53,6 +56,14 @@ ABSL_FLAG(int, max_frame_mib, 64, "Largest request body accepted, in MiB.");
 ABSL_FLAG(int, memory_budget_mib, 256,
           "Bytes that received requests may hold at once, in MiB (their copies on the device "
           "are bounded by the same amount).");
+ABSL_FLAG(int, connection_budget_mib, 0,
+          "Most of the memory budget one connection may hold, in MiB; a larger request is "
+          "refused (0: a quarter of --memory_budget_mib).");
+ABSL_FLAG(int, read_timeout_ms, 5000,
+          "A frame's header, from its first byte, and its body must each arrive, and each reply "
+          "be taken, within this many milliseconds, else the connection is closed (0: no limit).");
+ABSL_FLAG(int, idle_timeout_ms, 60000,
+          "A connection that starts no frame for this many milliseconds is closed (0: no limit).");
 ABSL_FLAG(int, threads, 2, "Threads running the server's and dlasync's executor.");
 ABSL_FLAG(double, seconds, 0, "Stop after this many seconds (0: run until SIGINT or SIGTERM).");
 
@@ -67,6 +78,9 @@ struct server_stats {
   std::atomic<std::uint64_t> answered_ok{0};
   std::atomic<std::uint64_t> answered_error{0};
   std::atomic<std::uint64_t> closed_unframed{0};
+  std::atomic<std::uint64_t> closed_late{0};
+  std::atomic<std::uint64_t> closed_idle{0};
+  std::atomic<std::uint64_t> refused_connection_budget{0};
   std::atomic<std::uint64_t> bytes_received{0};
   std::mutex mutex;
   std::map<std::string, std::uint64_t> errors_by_code;
@@ -87,15 +101,23 @@ double rss_mib() {
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
+// What one request and one connection may take, in bytes and in time.
+struct server_limits {
+  std::uint32_t max_body = 0;                 // --max_frame_mib
+  std::uint64_t budget = 0;                   // --memory_budget_mib
+  std::uint64_t connection_budget = 0;        // --connection_budget_mib
+  std::chrono::milliseconds read_timeout{0};  // 0: none
+  std::chrono::milliseconds idle_timeout{0};  // 0: none
+};
+
 class server {
  public:
-  server(runtime& rt, device_sum& compute, device target, std::uint32_t max_body,
-         std::uint64_t budget)
+  server(runtime& rt, device_sum& compute, device target, const server_limits& limits)
       : rt_(rt),
         compute_(compute),
         target_(target),
-        max_body_(max_body),
-        budget_(std::make_shared<memory_budget>(budget)) {}
+        limits_(limits),
+        budget_(std::make_shared<memory_budget>(limits.budget)) {}
 
   server_stats& stats() { return stats_; }
 
@@ -146,79 +168,113 @@ class server {
     untrack(id);
   }
 
-  asio::awaitable<bool> reply(tcp::socket& socket, const response& r) {
+  using got = peer_io::got;
+
+  asio::awaitable<bool> reply(peer_io& peer, const response& r) {
     if (r.code == absl::StatusCode::kOk) {
       stats_.answered_ok.fetch_add(1);
     } else {
       stats_.count_error(r.code);
     }
-    const std::vector<std::byte> frame = encode_response(r);
-    auto [ec, n] = co_await asio::async_write(socket, asio::buffer(frame), as_tuple_awaitable);
-    co_return !ec;
+    const got sent = co_await peer.send(r);
+    if (sent == got::late) stats_.closed_late.fetch_add(1);
+    co_return sent == got::all;
   }
 
-  // Reads and drops `bytes` bytes: what is left of a frame that is refused.
-  asio::awaitable<bool> discard(tcp::socket& socket, std::uint64_t bytes) {
-    std::array<std::byte, 64 * 1024> scratch;
-    while (bytes > 0) {
-      const std::size_t n =
-          static_cast<std::size_t>(std::min<std::uint64_t>(bytes, scratch.size()));
-      auto [ec, got] =
-          co_await asio::async_read(socket, asio::buffer(scratch.data(), n), as_tuple_awaitable);
-      if (ec) co_return false;
-      bytes -= got;
-    }
-    co_return true;
+  // Tells a peer past the read deadline why it is disconnected (it sees the
+  // response if it still reads); the caller then closes the connection.
+  asio::awaitable<void> cut_off(peer_io& peer, const char* what) {
+    stats_.closed_late.fetch_add(1);
+    stats_.count_error(absl::StatusCode::kDeadlineExceeded);
+    const response r{0, absl::StatusCode::kDeadlineExceeded, 0, 0,
+                     absl::StrCat(what, " did not arrive within ", peer.read_timeout().count(),
+                                  " ms (--read_timeout_ms); closing the connection")};
+    co_await peer.send(r);
+  }
+
+  // Answers a frame with an error and skips its body; false when the
+  // connection ends.
+  asio::awaitable<bool> refuse(peer_io& peer, const response& refusal, std::uint64_t body_bytes) {
+    const bool sent = co_await reply(peer, refusal);
+    if (!sent) co_return false;
+    const got skipped = co_await peer.discard(body_bytes);
+    if (skipped == got::late) co_await cut_off(peer, "the refused request's body");
+    co_return skipped == got::all;
   }
 
   asio::awaitable<void> serve(tcp::socket& socket) {
+    peer_io peer(socket, {limits_.read_timeout, limits_.idle_timeout});
     for (;;) {
       std::array<std::byte, frame_header_bytes> header;
-      auto [ec, n] = co_await asio::async_read(socket, asio::buffer(header), as_tuple_awaitable);
-      if (ec) co_return;  // closed between frames, or cut off in a header
+      const got head = co_await peer.read_header(header);
+      if (head == got::idle) stats_.closed_idle.fetch_add(1);
+      if (head == got::late) co_await cut_off(peer, "a frame header");
+      if (head != got::all) co_return;  // closed between frames, or cut off in a header
       absl::StatusOr<std::uint32_t> body_length =
-          read_frame_header(header, request_magic, max_body_);
+          read_frame_header(header, request_magic, limits_.max_body);
       // GCC 12 mishandles temporaries in co_await expressions inside
       // conditions: each response is a named variable, each co_await its own
       // statement.
       if (!body_length.ok()) {
-        const bool framed = body_length.status().code() == absl::StatusCode::kOutOfRange;
-        if (!framed) stats_.closed_unframed.fetch_add(1);
         const response refusal{0, body_length.status().code(), 0, 0,
                                std::string(body_length.status().message())};
-        const bool sent = co_await reply(socket, refusal);
-        if (!sent || !framed) co_return;
+        if (body_length.status().code() != absl::StatusCode::kOutOfRange) {
+          stats_.closed_unframed.fetch_add(1);
+          co_await reply(peer, refusal);
+          co_return;
+        }
         // The body length was read: skip the body and go on.
         std::uint32_t skip;
         std::memcpy(&skip, header.data() + 4, sizeof skip);
-        const bool skipped = co_await discard(socket, skip);
-        if (!skipped) co_return;
+        const bool goes_on = co_await refuse(peer, refusal, skip);
+        if (!goes_on) co_return;
         continue;
       }
-      const absl::Status granted = co_await acquire(*budget_, *body_length);
-      if (!granted.ok()) {
+      const std::uint32_t length = *body_length;
+      // A body larger than the whole budget is refused by acquire, at once.
+      const bool within_budget = length <= budget_->limit();
+      if (within_budget && length > limits_.connection_budget) {
+        stats_.refused_connection_budget.fetch_add(1);
         const response refusal{
-            0, granted.code(), 0, 0,
-            absl::StrCat("request of ", *body_length, " bytes: ", granted.message())};
-        const bool sent = co_await reply(socket, refusal);
-        if (!sent) co_return;
-        const bool skipped = co_await discard(socket, *body_length);
-        if (!skipped) co_return;
+            0, absl::StatusCode::kResourceExhausted, 0, 0,
+            absl::StrCat("request of ", length, " bytes exceeds the per-connection budget of ",
+                         limits_.connection_budget,
+                         " bytes (--connection_budget_mib): send smaller tensors")};
+        const bool goes_on = co_await refuse(peer, refusal, length);
+        if (!goes_on) co_return;
+        continue;
+      }
+      if (within_budget) {
+        const got arriving = co_await peer.body_arriving(length);
+        if (arriving == got::late) co_await cut_off(peer, "the request's body");
+        if (arriving != got::all) co_return;
+      }
+      const absl::Status granted = co_await acquire(*budget_, length);
+      if (!granted.ok()) {
+        const response refusal{0, granted.code(), 0, 0,
+                               absl::StrCat("request of ", length, " bytes: ", granted.message())};
+        const bool goes_on = co_await refuse(peer, refusal, length);
+        if (!goes_on) co_return;
         continue;
       }
       // The body returns its bytes to the budget when the last user drops it:
       // this coroutine, or the imported tensor that views it.
-      std::shared_ptr<std::byte[]> body(new std::byte[*body_length],
-                                        [budget = budget_, bytes = *body_length](std::byte* p) {
+      std::shared_ptr<std::byte[]> body(new std::byte[length],
+                                        [budget = budget_, bytes = length](std::byte* p) {
                                           delete[] p;
                                           budget->release(bytes);
                                         });
-      auto [read_ec, got] = co_await asio::async_read(
-          socket, asio::buffer(body.get(), *body_length), as_tuple_awaitable);
-      if (read_ec) co_return;  // cut off mid-frame: nothing to answer
-      stats_.bytes_received.fetch_add(frame_header_bytes + *body_length);
-      const response r = co_await handle(std::move(body), *body_length);
-      const bool sent = co_await reply(socket, r);
+      // The deadline runs from the grant: waiting for room is the server's
+      // doing, not the peer's.
+      const got read = co_await peer.read(asio::buffer(body.get(), length));
+      if (read != got::all) {
+        body.reset();  // back to the budget before anything else
+        if (read == got::late) co_await cut_off(peer, "the request's body");
+        co_return;  // cut off mid-frame, by the peer or the deadline
+      }
+      stats_.bytes_received.fetch_add(frame_header_bytes + length);
+      const response r = co_await handle(std::move(body), length);
+      const bool sent = co_await reply(peer, r);
       if (!sent) co_return;
     }
   }
@@ -256,7 +312,7 @@ class server {
   runtime& rt_;
   device_sum& compute_;
   const device target_;
-  const std::uint32_t max_body_;
+  const server_limits limits_;
   std::shared_ptr<memory_budget> budget_;
   server_stats stats_;
   std::mutex mutex_;
@@ -292,11 +348,21 @@ int run() {
     std::fprintf(stderr, "dlasync_server: %s\n", compute.status().ToString().c_str());
     return 2;
   }
-  const auto max_body = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+  server_limits limits;
+  limits.max_body = static_cast<std::uint32_t>(std::min<std::uint64_t>(
       static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_max_frame_mib))) << 20,
       std::numeric_limits<std::uint32_t>::max()));
+  limits.budget = budget;
+  limits.connection_budget =
+      absl::GetFlag(FLAGS_connection_budget_mib) > 0
+          ? static_cast<std::uint64_t>(absl::GetFlag(FLAGS_connection_budget_mib)) << 20
+          : budget / 4;
+  limits.read_timeout =
+      std::chrono::milliseconds(std::max(0, absl::GetFlag(FLAGS_read_timeout_ms)));
+  limits.idle_timeout =
+      std::chrono::milliseconds(std::max(0, absl::GetFlag(FLAGS_idle_timeout_ms)));
   const double rss_start = rss_mib();
-  server srv(rt, **compute, *target, max_body, budget);
+  server srv(rt, **compute, *target, limits);
 
   asio::error_code ec;
   tcp::acceptor acceptor(rt.get_executor());
@@ -356,6 +422,12 @@ int run() {
       static_cast<unsigned long long>(s.answered_error.load()),
       static_cast<unsigned long long>(s.closed_unframed.load()),
       static_cast<double>(s.bytes_received.load()) / (1 << 20), rss_start, rss_mib());
+  std::printf(
+      "dlasync server deadlines: %llu connections closed past the read deadline, %llu closed "
+      "idle; %llu requests refused over the connection budget\n",
+      static_cast<unsigned long long>(s.closed_late.load()),
+      static_cast<unsigned long long>(s.closed_idle.load()),
+      static_cast<unsigned long long>(s.refused_connection_budget.load()));
   for (const auto& [code, count] : srv.stats().errors_by_code) {
     std::printf("  errors %s: %llu\n", code.c_str(), static_cast<unsigned long long>(count));
   }
