@@ -145,6 +145,16 @@ asio::awaitable<absl::StatusOr<double>> device_sum::sum(const tensor& t,
     co_return absl::UnimplementedError("this build of the examples has no CUDA kernels");
 #endif
   }
+  // The sum reads the tensor on `s`: a GPU copy's memory is then freed on
+  // `s`, after the kernel, whenever its holder lets go of it, also when this
+  // coroutine is cancelled before the kernel has run (tensor::set_stream).
+  if (t.stream() != stream_no_sync) {
+    if (absl::Status handed = t.set_stream(s->dlpack_stream()); !handed.ok()) {
+      (void)co_await s->async_wait(asio::use_awaitable);
+      return_slot(out);
+      co_return handed;
+    }
+  }
   const absl::Status done = co_await s->async_wait(asio::use_awaitable);
   const double result = *out;
   return_slot(out);

@@ -6,7 +6,8 @@
 namespace dlasync::detail {
 
 absl::StatusOr<std::unique_ptr<cuda_backend>> cuda_backend::create(
-    std::shared_ptr<cuda::api> api, cuda_options options, const std::function<bool(int)>& owns) {
+    std::shared_ptr<cuda::api> api, const cuda_options& options,
+    const std::function<bool(int)>& owns) {
   int count = 0;
   DLASYNC_CUDA_RETURN_IF_ERROR("cudaGetDeviceCount", -1, api->get_device_count(&count));
   std::vector<bool> served(static_cast<std::size_t>(count));

@@ -23,7 +23,7 @@ class cuda_backend final : public backend {
   // only between them (where the devices allow it), and only they get
   // streams. The caller's current device is left as it was.
   static absl::StatusOr<std::unique_ptr<cuda_backend>> create(std::shared_ptr<cuda::api> api,
-                                                              cuda_options options,
+                                                              const cuda_options& options,
                                                               const std::function<bool(int)>& owns);
   ~cuda_backend() override;
 

@@ -21,10 +21,10 @@ constexpr int drain_record_attempts = 3;
 }  // namespace
 
 cuda_context::cuda_context(std::shared_ptr<cuda::api> api, cuda_options options)
-    : api_(std::move(api)), options_(options) {}
+    : api_(std::move(api)), options_(std::move(options)) {}
 
 absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
-    std::shared_ptr<cuda::api> api, cuda_options options, const std::vector<bool>& served) {
+    std::shared_ptr<cuda::api> api, const cuda_options& options, const std::vector<bool>& served) {
   const int devices = static_cast<int>(served.size());
   const auto first_served = std::find(served.begin(), served.end(), true);
   const int home = first_served == served.end()

@@ -54,7 +54,7 @@ class cuda_context : public std::enable_shared_from_this<cuda_context> {
   // Creates the streams of the GPUs `served` marks (of all the process
   // sees) and starts the reactor.
   static absl::StatusOr<std::shared_ptr<cuda_context>> create(std::shared_ptr<cuda::api> api,
-                                                              cuda_options options,
+                                                              const cuda_options& options,
                                                               const std::vector<bool>& served);
   cuda_context(const cuda_context&) = delete;
   cuda_context& operator=(const cuda_context&) = delete;

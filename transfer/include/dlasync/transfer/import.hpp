@@ -2,46 +2,62 @@
 //
 // Asynchronous DLPack imports. The contract, in order:
 //
-// Ownership. Every import validates the tensor first (plan_import) and takes
-// it out of the caller's `managed_tensor` only when validation passes: after
-// the call, an empty handle means "consumed", a non-empty one means
-// "refused, still yours" (the result then holds the validation error). A
-// consumed tensor's deleter runs exactly once: for a view, when the last
-// reference to the imported tensor goes; for a copy, as soon as the copy has
-// finished reading it, before the result is delivered, also on error,
-// cancellation and runtime shutdown. A deleter runs on the thread that sees
-// its copy finish: a worker, the CUDA reactor thread, or the calling thread
-// for a small host copy done inline (below); a view's on the thread that
-// drops the last reference.
+// Ownership. Every import validates the tensor first (plan_import, then
+// where its memory lies and whether the copy fits the budget and the
+// staging chunks) and takes it out of the caller's `managed_tensor` only
+// when all of that passes: after the operation started, an empty handle
+// means "consumed", a non-empty one means "refused, still yours". Every
+// error carries an import_error payload (import_error.hpp) saying which.
+// Validation and consumption happen when the operation starts, for every
+// completion token: at the call for callbacks and use_future, at launch for
+// deferred (the default token), when awaited for use_awaitable. A consumed
+// tensor's deleter runs exactly once: for a view, when the last reference to
+// the imported tensor goes; for a copy, as soon as the copy has finished
+// reading it, before the result is delivered, also on error, cancellation
+// and runtime shutdown.
+//
+// Where things run. The CUDA reactor thread only polls events and hands
+// off. Deleters, budget grants, the start of a waiting import and the
+// continuations of GPU work run on the runtime's workers (its own threads,
+// or runtime_options::worker_executor); a small host copy done inline runs
+// its deleter on the calling thread; a view's deleter runs where its last
+// reference goes. Handlers run on their associated executor, or the
+// runtime's (runtime::get_executor) when they have none. docs/import.md
+// has the table.
 //
 // Stream ordering. Host memory has no streams: `options.stream` must be
 // none (stream_no_sync). The copy is enqueued on one of the in-order
 // streams of the device that carries it (the target, or the source GPU for
 // a download); a CUDA producer's stream is followed on the device, without
-// blocking a thread.
+// blocking a thread. A GPU copy is freed stream-ordered on its stream
+// (tensor::stream, tensor::set_stream).
 //
 // Completion. A view needs no work: the awaitable form returns it without
 // suspending. Neither does a host-to-host copy of at most
 // runtime_options::inline_copy_bytes when the copy budget has room at once:
 // it is copied on the calling thread at initiation. Otherwise the result
-// arrives when the copy is complete. The
-// token form returns immediately; its handler is called exactly once, never
-// from inside the initiating function, on the handler's associated executor
-// (the runtime's executor when it has none). Completion signature:
+// arrives when the copy is complete. A handler is called exactly once,
+// never from inside the initiating function. Completion signature:
 // void(absl::StatusOr<dlasync::tensor>).
 //
 // Cancellation. Per-operation cancellation through the handler's
-// cancellation slot (terminal, partial and total all stop it). A cancelled
-// import completes with Cancelled, frees what it allocated, and releases the
-// source once nothing reads it. Cancelling after completion has no effect.
+// cancellation slot. Terminal and partial cancellation stop the import
+// (Cancelled): it frees what it allocated and releases the source once
+// nothing reads it, a partial side effect. Total cancellation, which asks
+// for no side effect, cannot be honoured once the source is consumed, and
+// is ignored. Cancelling after completion has no effect.
 //
 // Thread safety. Imports may be started from any thread, concurrently, on
 // one runtime. A `managed_tensor` handle is not shared between threads.
 //
-// Errors. Validation errors as plan_import documents (tensor not consumed);
-// Unavailable when the runtime is shutting down (not consumed);
-// ResourceExhausted when a copy exceeds the whole memory budget or memory
-// runs out; Cancelled. The message names the value seen and the way out.
+// Errors (import_error says consumed or not, and the rule). Not consumed:
+// the validation codes as plan_import documents, FailedPrecondition for
+// memory that is not where the tensor says, ResourceExhausted for a copy
+// larger than the whole budget, Unimplemented for a strided row larger
+// than a staging chunk, Unavailable when the runtime is shutting down.
+// Consumed: Cancelled (also when shutdown cut the import off),
+// ResourceExhausted when memory runs out, and the errors of CUDA calls. The
+// message names the value seen and the way out.
 //
 // Example, a request handler:
 //
