@@ -26,10 +26,15 @@ void work_pool::post(task fn) {
     ++pending_;
   }
   asio::post(executor_, [this, fn = std::move(fn)]() mutable {
-    const work_pool* outer = running_pool;
-    running_pool = this;
-    std::move(fn)();
-    running_pool = outer;
+    {
+      // Run and destroyed before the count drops: once it is 0, drain()
+      // may return and the pool go, while this lambda is still unwinding.
+      task local = std::move(fn);
+      const work_pool* outer = running_pool;
+      running_pool = this;
+      std::move(local)();
+      running_pool = outer;
+    }
     std::lock_guard lock(mutex_);
     if (--pending_ == 0) idle_.notify_all();
   });
