@@ -13,6 +13,9 @@
 // Small imports: 64 coroutines each import 1 KiB host tensors onto cuda:0,
 // one after the other, against one thread doing 1 KiB pageable
 // cudaMemcpyAsync calls each followed by a wait (imports or copies per second).
+// Slow deleters (two GPUs or more): 64 KiB pageable imports onto cuda:1,
+// alone and while another import's deleter on cuda:0 blocks for 50 ms,
+// interleaved round by round; p50 and max of each.
 #include <benchmark/benchmark.h>
 
 #include "concurrent.hpp"
@@ -24,10 +27,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "asio/co_spawn.hpp"
@@ -259,6 +264,50 @@ void measure_latency() {
   io.run();
 }
 
+struct deleter_latencies {
+  std::vector<double> alone_ms;
+  std::vector<double> beside_ms;
+};
+
+deleter_latencies measure_slow_deleters() {
+  deleter_latencies out;
+  const dlasync::served_devices* gpus = rt->registry().find(dlasync::device_kind::cuda);
+  if (gpus == nullptr || gpus->count < 2) return out;
+  std::vector<float> host(16 * 1024, 1.0f);
+  auto source = [&](absl::AnyInvocable<void() &&> on_delete) {
+    dlasync::tensor_description d;
+    d.data = host.data();
+    d.shape = {static_cast<std::int64_t>(host.size())};
+    return dlasync::make_managed_tensor(std::move(d), std::move(on_delete));
+  };
+  dlasync::import_options to_gpu1;
+  to_gpu1.target = dlasync::device{dlasync::device_kind::cuda, 1};
+  dlasync::import_options to_gpu0;
+  to_gpu0.target = gpu0;
+  auto timed_import = [&] {
+    dlasync::managed_tensor s = source(nullptr);
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::StatusOr<dlasync::tensor> t =
+        dlasync::async_import_dlpack(*rt, s, to_gpu1, asio::use_future).get();
+    const auto t1 = std::chrono::steady_clock::now();
+    return t.ok() ? std::chrono::duration<double, std::milli>(t1 - t0).count() : -1.0;
+  };
+  for (int round = 0; round < 20; ++round) {
+    if (const double ms = timed_import(); ms >= 0) out.alone_ms.push_back(ms);
+    std::atomic<bool> deleting{false};
+    dlasync::managed_tensor slow = source([&] {
+      deleting = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    });
+    std::future<absl::StatusOr<dlasync::tensor>> stalled =
+        dlasync::async_import_dlpack(*rt, slow, to_gpu0, asio::use_future);
+    while (!deleting) std::this_thread::yield();
+    if (const double ms = timed_import(); ms >= 0) out.beside_ms.push_back(ms);
+    (void)stalled.get();
+  }
+  return out;
+}
+
 std::vector<std::int64_t> sizes() {
   std::vector<std::int64_t> out;
   for (std::int64_t b = 4 << 20; b <= max_bytes(); b *= 4) out.push_back(b);
@@ -311,6 +360,7 @@ int main(int argc, char** argv) {
   dlasync::bench::median_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   measure_latency();
+  deleter_latencies deleters = measure_slow_deleters();
   benchmark::Shutdown();
 
   auto get = [&](const std::string& k) { return reporter.ns(k); };
@@ -364,6 +414,18 @@ int main(int argc, char** argv) {
     std::printf("completion latency (stream-following view): p50 %.1f us, p99 %.1f us\n",
                 latencies_us[latencies_us.size() / 2],
                 latencies_us[latencies_us.size() * 99 / 100]);
+  }
+  if (!deleters.alone_ms.empty() && !deleters.beside_ms.empty()) {
+    auto p50 = [](std::vector<double>& v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    const double alone = p50(deleters.alone_ms);
+    const double beside = p50(deleters.beside_ms);
+    std::printf(
+        "64 KiB imports onto cuda:1, alone p50 %.3f ms (max %.3f), beside a 50 ms deleter on "
+        "cuda:0 p50 %.3f ms (max %.3f): %.2f\n",
+        alone, deleters.alone_ms.back(), beside, deleters.beside_ms.back(), beside / alone);
   }
   return 0;
 }
