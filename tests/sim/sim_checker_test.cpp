@@ -6,6 +6,7 @@
 #include "runtime/sim/sim_checker.hpp"
 
 #include <cstring>
+#include <future>
 #include <thread>
 #include <vector>
 
@@ -70,6 +71,12 @@ struct two_streams {
 TEST_CASE("two streams writing the same bytes without an event between them race",
           "[cuda][sim][checker]") {
   two_streams t;
+  // The checker decides at the call. Stream a is held back until b's copy
+  // has run, so that the simulation's host threads do not race on the bytes
+  // themselves (ThreadSanitizer would say so); no event orders the two.
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  REQUIRE(t.sim.launch_host_func(t.a, [opened] { opened.wait(); }) == error::success);
   REQUIRE(t.sim.memcpy_async(t.x, t.pinned, 1024, memcpy_kind::host_to_device, t.a) ==
           error::success);
   REQUIRE(t.sim.memcpy_async(static_cast<char*>(t.x) + 512, t.y, 1024,
@@ -81,6 +88,8 @@ TEST_CASE("two streams writing the same bytes without an event between them race
                        "device",
                        "sim_checker_test.cpp", "no event wait or host synchronization"});
   CHECK(reports.size() == 1);
+  wait_on_host(t.sim, record(t.sim, 0, t.b));
+  gate.set_value();
   // Once the host has seen both done, reads of the same bytes on both
   // streams do not conflict.
   wait_on_host(t.sim, record(t.sim, 0, t.a));
