@@ -1,7 +1,6 @@
 #include "transfer/src/import/batch_operation.hpp"
 
 #include <limits>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "transfer/src/copy/transfer_path.hpp"
@@ -94,17 +93,9 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
   }
   // One reservation for all the copies (a producer stream that could not
   // be recorded has made its member ready, and left the total smaller).
-  const std::thread::id starter = std::this_thread::get_id();
-  auto starting = std::make_shared<std::atomic<bool>>(true);
-  const std::uint64_t ticket = core_.budget()->acquire(
-      reserved, [self = shared_from_this(), starter, starting](absl::Status s) {
-        if (starting->load(std::memory_order_acquire) && std::this_thread::get_id() == starter) {
-          return self->on_budget(std::move(s));
-        }
-        self->core_.completions().run(
-            [self, s = std::move(s)]() mutable { self->on_budget(std::move(s)); });
-      });
-  starting->store(false, std::memory_order_release);
+  const std::uint64_t ticket = acquire_budget(
+      core_, reserved,
+      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
   bool cancelled = false;
   {
     std::lock_guard lock(mutex_);

@@ -24,6 +24,23 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
   return with_import_error(std::move(status), e);
 }
 
+std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
+                             memory_budget::grant_fn granted) {
+  const std::thread::id starter = std::this_thread::get_id();
+  auto starting = std::make_shared<std::atomic<bool>>(true);
+  const std::uint64_t ticket = core.budget()->acquire(
+      bytes, [&core, starter, starting, granted = std::move(granted)](absl::Status s) mutable {
+        if (starting->load(std::memory_order_acquire) && std::this_thread::get_id() == starter) {
+          return std::move(granted)(std::move(s));
+        }
+        core.completions().run([granted = std::move(granted), s = std::move(s)]() mutable {
+          std::move(granted)(std::move(s));
+        });
+      });
+  starting->store(false, std::memory_order_release);
+  return ticket;
+}
+
 absl::Status shutting_down() {
   return absl::UnavailableError(
       "the dlasync runtime is shutting down and accepts no new imports; the tensor was not "
@@ -77,20 +94,9 @@ void import_operation::start() {
     std::lock_guard lock(mutex_);
     waiting_for_budget_ = true;
   }
-  // A grant made at once runs here; a later one arrives on the thread that
-  // released memory (a tensor dropped anywhere), and is handed to the
-  // workers: the next import's allocation and enqueue never run there.
-  const std::thread::id starter = std::this_thread::get_id();
-  auto starting = std::make_shared<std::atomic<bool>>(true);
-  const std::uint64_t ticket = core_.budget()->acquire(
-      plan_.byte_size, [self = shared_from_this(), starter, starting](absl::Status s) {
-        if (starting->load(std::memory_order_acquire) && std::this_thread::get_id() == starter) {
-          return self->on_budget(std::move(s));
-        }
-        self->core_.completions().run(
-            [self, s = std::move(s)]() mutable { self->on_budget(std::move(s)); });
-      });
-  starting->store(false, std::memory_order_release);
+  const std::uint64_t ticket = acquire_budget(
+      core_, plan_.byte_size,
+      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
   {
     std::lock_guard lock(mutex_);
     if (!waiting_for_budget_) return;

@@ -77,6 +77,14 @@ absl::Status refused(absl::Status status, const char* rule, const import_plan* p
 // `status` as the failure of an import that had taken its tensor.
 absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 
+// Acquires `bytes` of the copy budget (memory_budget::acquire) for
+// `granted`: a grant made at once runs on this thread, inside the call; a
+// later one arrives on the thread that released memory (a tensor dropped
+// anywhere) and is handed to the workers, so that the next import's
+// allocation and enqueue never run there. Returns the ticket.
+std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
+                             memory_budget::grant_fn granted);
+
 // The Unavailable of an import that began after shutdown started; the
 // tensor is not consumed.
 absl::Status shutting_down();
