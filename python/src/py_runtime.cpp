@@ -1,0 +1,257 @@
+#include "python/src/py_runtime.hpp"
+
+#include <Python.h>
+
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dlasync/transfer/import.hpp"
+#include "python/src/py_errors.hpp"
+#include "python/src/py_release.hpp"
+#include "python/src/py_source.hpp"
+#include "python/src/py_tensor.hpp"
+
+namespace py = pybind11;
+
+namespace dlasync::python {
+namespace {
+
+std::mutex live_mutex;
+std::set<py_runtime*>& live() {
+  static auto* s = new std::set<py_runtime*>();
+  return *s;
+}
+
+std::optional<device> parse_kind(const std::string& name, int ordinal) {
+  for (int code = 1; code <= 20; ++code) {
+    if (!is_known_device_kind(code)) continue;
+    const auto kind = static_cast<device_kind>(code);
+    if (name == device_kind_name(kind)) return device{kind, ordinal};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+device parse_device(py::handle d) {
+  if (py::isinstance<py_device>(d)) return d.cast<const py_device&>().value;
+  if (py::isinstance<py::str>(d)) {
+    const std::string text = d.cast<std::string>();
+    std::string name = text;
+    int ordinal = 0;
+    if (const auto colon = text.find(':'); colon != std::string::npos) {
+      name = text.substr(0, colon);
+      const std::string digits = text.substr(colon + 1);
+      bool ok = !digits.empty() && digits.size() <= 9;
+      for (char c : digits) ok = ok && c >= '0' && c <= '9';
+      if (!ok) {
+        throw py::value_error(absl::StrCat("device \"", text,
+                                           "\": the ordinal after ':' must be a number, as in "
+                                           "\"cuda:1\""));
+      }
+      ordinal = std::stoi(digits);
+    }
+    if (std::optional<device> dev = parse_kind(name, ordinal)) return *dev;
+    throw py::value_error(absl::StrCat("device \"", text,
+                                       "\" is not a device dlasync knows; name one as \"cpu\", "
+                                       "\"cpu:1\", \"cuda:0\", \"cuda_host\", \"cuda_managed:0\", "
+                                       "a DLPack (type, id) tuple or a dlasync.Device"));
+  }
+  if (py::isinstance<py::tuple>(d) && py::len(d) == 2) {
+    py::tuple t = py::reinterpret_borrow<py::tuple>(d);
+    if (py::isinstance<py::int_>(t[0]) && py::isinstance<py::int_>(t[1])) {
+      const long long code = t[0].cast<long long>();
+      const long long id = t[1].cast<long long>();
+      if (code < 0 || code > INT32_MAX || !is_known_device_kind(static_cast<std::int32_t>(code))) {
+        throw py::value_error(absl::StrCat("DLPack device type ", code,
+                                           " is not one DLPack defines (1 is CPU, 2 CUDA, 3 "
+                                           "CUDA host, 13 CUDA managed, ...)"));
+      }
+      if (id < 0 || id > INT32_MAX) {
+        throw py::value_error(
+            absl::StrCat("DLPack device id ", id, " is out of range: it must be in [0, 2^31)"));
+      }
+      return device{static_cast<device_kind>(code), static_cast<std::int32_t>(id)};
+    }
+  }
+  throw py::type_error(absl::StrCat(
+      "device must be a string such as \"cuda:0\", a DLPack (type, id) tuple of ints or a "
+      "dlasync.Device, not a ",
+      std::string(py::str(py::type::handle_of(d).attr("__name__")))));
+}
+
+py_runtime::py_runtime(runtime_options options) {
+  absl::StatusOr<std::unique_ptr<runtime>> rt;
+  {
+    py::gil_scoped_release unlocked;
+    rt = runtime::create(std::move(options));
+  }
+  if (!rt.ok()) raise_status(rt.status());
+  rt_ = std::move(*rt);
+  std::lock_guard lock(live_mutex);
+  live().insert(this);
+}
+
+py_runtime::~py_runtime() {
+  {
+    std::lock_guard lock(live_mutex);
+    live().erase(this);
+  }
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) {
+    py::gil_scoped_release unlocked;
+    streams_.clear();
+    rt_.reset();
+  } else {
+    streams_.clear();
+    rt_.reset();
+  }
+}
+
+runtime& py_runtime::get() {
+  if (rt_ == nullptr) throw std::runtime_error("the dlasync runtime is gone");
+  return *rt_;
+}
+
+void py_runtime::shutdown() {
+  if (rt_ == nullptr) return;
+  py::gil_scoped_release unlocked;
+  {
+    std::lock_guard lock(streams_mutex_);
+    streams_.clear();
+  }
+  rt_->shutdown();
+}
+
+void py_runtime::at_exit() {
+  std::vector<py_runtime*> all;
+  {
+    std::lock_guard lock(live_mutex);
+    all.assign(live().begin(), live().end());
+  }
+  for (py_runtime* r : all) r->shutdown();
+  close_releaser();
+}
+
+import_options py_runtime::options_of(const import_args& a) const {
+  import_options o;
+  if (!a.device.is_none()) o.target = parse_device(a.device);
+  if (!a.copy.is_none()) {
+    if (!py::isinstance<py::bool_>(a.copy)) {
+      throw py::type_error("copy must be True, False or None");
+    }
+    o.copy = a.copy.cast<bool>();
+  }
+  o.require_contiguous = a.require_contiguous;
+  o.require_writable = a.require_writable;
+  return o;
+}
+
+std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const import_args& a) {
+  if (!a.stream.is_none()) {
+    if (!py::isinstance<py::int_>(a.stream)) {
+      throw py::type_error(
+          "stream must be an int in DLPack's encoding (a cudaStream_t as an integer, 1 for the "
+          "legacy default stream, 2 for the per-thread default, -1 for none) or None");
+    }
+    return a.stream.cast<std::int64_t>();
+  }
+  if (py::isinstance<py_tensor>(x) || PyCapsule_CheckExact(x.ptr()) != 0) return std::nullopt;
+  std::optional<std::pair<int, int>> dev = dlpack_device_of(x);
+  if (!dev) return std::nullopt;
+  const auto kind = static_cast<device_kind>(dev->first);
+  if (kind != device_kind::cuda && kind != device_kind::cuda_managed) return std::nullopt;
+  // A CUDA producer: it orders its work before the stream dlasync names.
+  const device gpu{device_kind::cuda, dev->second};
+  runtime& rt = get();
+  std::lock_guard lock(streams_mutex_);
+  auto it = streams_.find(gpu.ordinal);
+  if (it == streams_.end()) {
+    absl::StatusOr<gpu_stream> s = gpu_stream::create(rt, gpu);
+    if (!s.ok()) return std::nullopt;  // not a GPU this runtime serves: validation says so
+    it = streams_.emplace(gpu.ordinal, std::move(*s)).first;
+  }
+  return it->second.dlpack_stream();
+}
+
+py::object py_runtime::from_dlpack(py::object self, py::handle x, const import_args& a) {
+  import_options options = options_of(a);
+  options.stream = producer_stream(x, a);
+  runtime& rt = get();
+  taken_source taken = take_source(x, options.stream);
+  auto call = std::make_shared<import_call>(rt);
+  async_import_dlpack(rt, taken.source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
+  taken.settle();
+  absl::StatusOr<tensor> t = call->wait_one();
+  if (!t.ok()) raise_status(t.status());
+  return py::cast(py_tensor{std::move(*t), std::move(self)});
+}
+
+py::object py_runtime::import_managed(py::object self, managed_tensor source,
+                                      const import_options& options) {
+  runtime& rt = get();
+  auto call = std::make_shared<import_call>(rt);
+  async_import_dlpack(rt, source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
+  absl::StatusOr<tensor> t = call->wait_one();
+  if (!t.ok()) raise_status(t.status());
+  return py::cast(py_tensor{std::move(*t), std::move(self)});
+}
+
+std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handle x,
+                                                      const import_args& a,
+                                                      std::shared_ptr<loop_bridge> bridge,
+                                                      py::handle future) {
+  import_options options = options_of(a);
+  options.stream = producer_stream(x, a);
+  runtime& rt = get();
+  taken_source taken = take_source(x, options.stream);
+  auto call = std::make_shared<import_call>(rt);
+  call->future = py_ref(future.ptr());
+  call->owner = py_ref(self.ptr());
+  call->bridge = std::move(bridge);
+  async_import_dlpack(rt, taken.source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
+  taken.settle();
+  return call;
+}
+
+std::shared_ptr<import_call> py_runtime::start_batch(py::object self, py::sequence xs,
+                                                     const import_args& a,
+                                                     std::shared_ptr<loop_bridge> bridge,
+                                                     py::handle future, bool return_exceptions) {
+  import_options options = options_of(a);
+  std::vector<taken_source> taken;
+  taken.reserve(py::len(xs));
+  std::optional<std::int64_t> stream;
+  for (py::handle x : xs) {
+    std::optional<std::int64_t> s = producer_stream(x, a);
+    if (s && stream && *s != *stream) {
+      throw py::value_error(
+          "a batch follows one producer stream, and these tensors live on different GPUs; "
+          "import each GPU's tensors in a batch of their own");
+    }
+    if (s) stream = s;
+  }
+  options.stream = stream;
+  for (py::handle x : xs) taken.push_back(take_source(x, stream));
+  std::vector<managed_tensor> sources;
+  sources.reserve(taken.size());
+  for (taken_source& t : taken) sources.push_back(std::move(t.source));
+  runtime& rt = get();
+  auto call = std::make_shared<import_call>(rt);
+  call->future = py_ref(future.ptr());
+  call->owner = py_ref(self.ptr());
+  call->bridge = std::move(bridge);
+  call->return_exceptions = return_exceptions;
+  async_import_dlpack_batch(
+      rt, sources, options,
+      call_handler<std::vector<absl::StatusOr<tensor>>>(call, sources.size()));
+  for (std::size_t i = 0; i < taken.size(); ++i) {
+    taken[i].source = std::move(sources[i]);
+    taken[i].settle();
+  }
+  return call;
+}
+
+}  // namespace dlasync::python

@@ -1,0 +1,88 @@
+// python/src/py_runtime.hpp
+//
+// `dlasync.Runtime` underneath: a dlasync runtime and the imports Python
+// starts on it.
+//
+// The runtime is shut down with the GIL released (its deleters may need
+// the GIL on the releaser), by shutdown(), by the destructor, or for every
+// live runtime at interpreter exit (at_exit()). For a producer on a CUDA
+// GPU, the runtime keeps one stream per GPU that it passes to
+// `__dlpack__(stream=...)`, so that the producer orders its work before it,
+// and that the import then follows (import_options::stream).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include "dlasync/runtime/gpu_stream.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "python/src/py_async.hpp"
+
+namespace dlasync::python {
+
+// The keyword arguments every import takes.
+struct import_args {
+  pybind11::object device = pybind11::none();
+  pybind11::object copy = pybind11::none();
+  pybind11::object stream = pybind11::none();
+  bool require_contiguous = false;
+  bool require_writable = false;
+};
+
+class py_runtime {
+ public:
+  explicit py_runtime(runtime_options options);
+  ~py_runtime();
+  py_runtime(const py_runtime&) = delete;
+  py_runtime& operator=(const py_runtime&) = delete;
+
+  // Raises RuntimeError once shut down.
+  runtime& get();
+  bool closed() const noexcept { return rt_ == nullptr || !rt_->accepting(); }
+  // Idempotent; the GIL is released while it waits.
+  void shutdown();
+
+  // `self` is the Python object of this runtime (the tensors' owner).
+  // Synchronous: waits (GIL released) and returns a Tensor, or raises.
+  pybind11::object from_dlpack(pybind11::object self, pybind11::handle x, const import_args& a);
+  // Asyncio: starts the import; its completion resolves `future` through
+  // `bridge`. Raises at once what is wrong before the import starts.
+  std::shared_ptr<import_call> start_import(pybind11::object self, pybind11::handle x,
+                                            const import_args& a,
+                                            std::shared_ptr<loop_bridge> bridge,
+                                            pybind11::handle future);
+  std::shared_ptr<import_call> start_batch(pybind11::object self, pybind11::sequence xs,
+                                           const import_args& a,
+                                           std::shared_ptr<loop_bridge> bridge,
+                                           pybind11::handle future, bool return_exceptions);
+
+  // Imports `source` (dlasync's own export) synchronously: the copies
+  // Tensor.__dlpack__ makes for copy=True and dl_device.
+  pybind11::object import_managed(pybind11::object self, managed_tensor source,
+                                  const import_options& options);
+
+  // Shuts down every live runtime (the GIL released meanwhile), then
+  // closes the releaser: called once, from `atexit`.
+  static void at_exit();
+
+ private:
+  import_options options_of(const import_args& a) const;
+  // The stream to pass to `x.__dlpack__`, and to follow.
+  std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);
+
+  std::unique_ptr<runtime> rt_;
+  std::mutex streams_mutex_;
+  std::map<int, gpu_stream> streams_;
+};
+
+// "cpu", "cuda:1", (2, 1), a dlasync.Device: ValueError or TypeError when
+// it is none of these.
+device parse_device(pybind11::handle d);
+
+}  // namespace dlasync::python

@@ -1,0 +1,220 @@
+#include "python/src/py_source.hpp"
+
+#include <Python.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "python/src/py_errors.hpp"
+#include "python/src/py_release.hpp"
+#include "python/src/py_tensor.hpp"
+
+namespace py = pybind11;
+
+namespace dlasync::python {
+namespace {
+
+constexpr const char* kLegacy = "dltensor";
+constexpr const char* kVersioned = "dltensor_versioned";
+constexpr const char* kUsedLegacy = "used_dltensor";
+constexpr const char* kUsedVersioned = "used_dltensor_versioned";
+
+// The producer's tensor, behind a managed tensor of dlasync's whose deleter
+// hands the producer's deleter to release_with_gil.
+struct held_producer {
+  released_tensor inner;
+  DLManagedTensorVersioned versioned{};
+  DLManagedTensor legacy{};
+};
+
+void call_inner_deleter(held_producer* h) noexcept {
+  if (h->inner.versioned != nullptr && h->inner.versioned->deleter != nullptr) {
+    h->inner.versioned->deleter(h->inner.versioned);
+  } else if (h->inner.legacy != nullptr && h->inner.legacy->deleter != nullptr) {
+    h->inner.legacy->deleter(h->inner.legacy);
+  }
+}
+
+void drop_held(held_producer* h) {
+  release_with_gil([h] {
+    call_inner_deleter(h);
+    delete h;
+  });
+}
+
+void held_versioned_deleter(DLManagedTensorVersioned* t) {
+  drop_held(static_cast<held_producer*>(t->manager_ctx));
+}
+void held_legacy_deleter(DLManagedTensor* t) {
+  drop_held(static_cast<held_producer*>(t->manager_ctx));
+}
+
+managed_tensor wrap(released_tensor inner) {
+  auto* h = new held_producer{inner, {}, {}};
+  if (inner.versioned != nullptr) {
+    h->versioned.version = inner.versioned->version;
+    h->versioned.manager_ctx = h;
+    h->versioned.deleter = &held_versioned_deleter;
+    // Beyond the version, a tensor of a newer major version may be laid out
+    // otherwise: nothing more is read, and validation refuses it by version.
+    if (inner.versioned->version.major <= dlpack_major_version) {
+      h->versioned.flags = inner.versioned->flags;
+      h->versioned.dl_tensor = inner.versioned->dl_tensor;
+    }
+    return managed_tensor(&h->versioned);
+  }
+  h->legacy.dl_tensor = inner.legacy->dl_tensor;
+  h->legacy.manager_ctx = h;
+  h->legacy.deleter = &held_legacy_deleter;
+  return managed_tensor(&h->legacy);
+}
+
+taken_source from_capsule(py::object capsule) {
+  const char* name = PyCapsule_GetName(capsule.ptr());
+  if (name == nullptr) throw py::error_already_set();
+  const bool versioned = std::strcmp(name, kVersioned) == 0;
+  if (!versioned && std::strcmp(name, kLegacy) != 0) {
+    const bool used = std::strcmp(name, kUsedLegacy) == 0 || std::strcmp(name, kUsedVersioned) == 0;
+    if (used) {
+      throw py::buffer_error(
+          absl::StrCat("the DLPack capsule was consumed already (its name is \"", name,
+                       "\"): a DLPack tensor can be imported once; ask the producer for a new one "
+                       "with __dlpack__()"));
+    }
+    throw py::type_error(absl::StrCat("a capsule named \"", name,
+                                      "\" is not a DLPack tensor; expected \"", kLegacy, "\" or \"",
+                                      kVersioned, "\""));
+  }
+  void* ptr = PyCapsule_GetPointer(capsule.ptr(), name);
+  if (ptr == nullptr) throw py::error_already_set();
+  released_tensor inner;
+  if (versioned) {
+    inner.versioned = static_cast<DLManagedTensorVersioned*>(ptr);
+  } else {
+    inner.legacy = static_cast<DLManagedTensor*>(ptr);
+  }
+  taken_source out;
+  out.source = wrap(inner);
+  out.capsule = std::move(capsule);
+  out.used_name = versioned ? kUsedVersioned : kUsedLegacy;
+  return out;
+}
+
+bool is_keyword_refusal(const py::error_already_set& e) {
+  if (!e.matches(PyExc_TypeError)) return false;
+  const std::string what = e.what();
+  return what.find("max_version") != std::string::npos || what.find("keyword") != std::string::npos;
+}
+
+void capsule_destructor(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, kVersioned) != 0) {
+    auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, kVersioned));
+    if (t->deleter != nullptr) t->deleter(t);
+  } else if (PyCapsule_IsValid(capsule, kLegacy) != 0) {
+    auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kLegacy));
+    if (t->deleter != nullptr) t->deleter(t);
+  }
+  // Renamed by a consumer: the consumer owns it now.
+  PyErr_Clear();
+}
+
+}  // namespace
+
+taken_source::~taken_source() {
+  // Not settled (an exception between take and start): the capsule keeps it.
+  if (!source.empty()) settle();
+}
+
+void taken_source::settle() {
+  if (source.empty()) {
+    if (capsule && !capsule.is_none() && used_name != nullptr) {
+      if (PyCapsule_SetName(capsule.ptr(), used_name) != 0) PyErr_Clear();
+    }
+    return;
+  }
+  if (!capsule || capsule.is_none())
+    return;  // dlasync's own export: its deleter just drops a reference
+  released_tensor r = source.release();
+  void* ctx = r.versioned != nullptr ? r.versioned->manager_ctx : r.legacy->manager_ctx;
+  delete static_cast<held_producer*>(ctx);  // the producer's tensor stays with its capsule
+}
+
+std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
+  if (!py::hasattr(obj, "__dlpack_device__")) return std::nullopt;
+  py::object d = obj.attr("__dlpack_device__")();
+  auto pair = d.cast<std::pair<int, int>>();
+  return pair;
+}
+
+taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
+  if (py::isinstance<py_tensor>(obj)) {
+    const tensor& t = obj.cast<const py_tensor&>().value;
+    absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
+    if (!out.ok()) raise_status(out.status());
+    taken_source s;
+    s.source = managed_tensor(*out);
+    s.capsule = py::none();
+    return s;
+  }
+  if (PyCapsule_CheckExact(obj.ptr()) != 0) {
+    return from_capsule(py::reinterpret_borrow<py::object>(obj));
+  }
+  py::object dlpack = py::getattr(obj, "__dlpack__", py::none());
+  if (dlpack.is_none()) {
+    throw py::attribute_error(
+        absl::StrCat("dlasync imports objects that implement the DLPack protocol (__dlpack__ and "
+                     "__dlpack_device__) or DLPack capsules; a ",
+                     std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
+                     " has no __dlpack__: convert it with numpy.asarray or torch.as_tensor first"));
+  }
+  py::dict kwargs;
+  if (stream) kwargs["stream"] = *stream;
+  kwargs["max_version"] = py::make_tuple(dlpack_major_version, dlpack_minor_version);
+  py::object capsule;
+  try {
+    capsule = dlpack(**kwargs);
+  } catch (py::error_already_set& e) {
+    if (!is_keyword_refusal(e)) throw;
+    // A producer older than DLPack 1.0's Python protocol: the legacy call.
+    py::dict legacy;
+    if (stream) legacy["stream"] = *stream;
+    capsule = dlpack(**legacy);
+  }
+  if (PyCapsule_CheckExact(capsule.ptr()) == 0) {
+    throw py::type_error(absl::StrCat(
+        "__dlpack__ of a ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
+        " returned a ", std::string(py::str(py::type::handle_of(capsule).attr("__name__"))),
+        ", not a DLPack capsule"));
+  }
+  return from_capsule(std::move(capsule));
+}
+
+py::capsule export_capsule(const tensor& t, bool versioned) {
+  if (versioned) {
+    absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
+    if (!out.ok()) raise_status(out.status());
+    PyObject* c = PyCapsule_New(*out, kVersioned, &capsule_destructor);
+    if (c == nullptr) {
+      (*out)->deleter(*out);
+      throw py::error_already_set();
+    }
+    return py::reinterpret_steal<py::capsule>(c);
+  }
+  absl::StatusOr<DLManagedTensor*> out = t.to_dlpack_legacy();
+  if (!out.ok()) {
+    throw py::buffer_error(absl::StrCat(
+        std::string(out.status().message()),
+        ". The consumer asked for legacy DLPack (no max_version): pass max_version=(1, 0) or "
+        "more, or import with require_writable=True to get a writable copy"));
+  }
+  PyObject* c = PyCapsule_New(*out, kLegacy, &capsule_destructor);
+  if (c == nullptr) {
+    (*out)->deleter(*out);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(c);
+}
+
+}  // namespace dlasync::python

@@ -1,0 +1,174 @@
+#include "python/src/py_tensor.hpp"
+
+#include <Python.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "python/src/py_errors.hpp"
+#include "python/src/py_runtime.hpp"
+#include "python/src/py_source.hpp"
+
+namespace py = pybind11;
+
+namespace dlasync::python {
+namespace {
+
+py::tuple as_tuple(std::span<const std::int64_t> values) {
+  py::tuple out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = values[i];
+  return out;
+}
+
+bool is_simulated(const py_tensor& t) {
+  if (!is_gpu_memory(t.value.device().kind)) return false;
+  return t.owner.cast<py_runtime&>().get().is_simulated(t.value.device());
+}
+
+// Tensor.__dlpack__ as the Python array API specifies it.
+py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::object& max_version,
+                   const py::object& dl_device, const py::object& copy) {
+  const tensor& t = self.value;
+  const device own = t.device();
+  bool versioned = false;
+  if (!max_version.is_none()) {
+    auto v = max_version.cast<std::pair<long long, long long>>();
+    versioned = v.first >= 1;
+  }
+  if (!stream.is_none() && !is_gpu_memory(own.kind)) {
+    const long long s = stream.cast<long long>();
+    if (s != -1) {
+      throw py::value_error(
+          absl::StrCat("stream ", s, " was passed for a ", own.name(),
+                       " tensor: host memory has no streams, pass stream=None (or -1)"));
+    }
+  }
+  // The tensor's data is complete when it is handed out (dlasync's imports
+  // resume once the copy has run), so a consumer's stream needs nothing.
+  std::optional<device> target;
+  if (!dl_device.is_none()) target = parse_device(dl_device);
+  std::optional<bool> want_copy;
+  if (!copy.is_none()) want_copy = copy.cast<bool>();
+  const bool moves = target && *target != own;
+  if (moves && want_copy == false) {
+    throw py::buffer_error(absl::StrCat("the tensor lives on ", own.name(), "; ", target->name(),
+                                        " was asked for with copy=False, which needs a copy: "
+                                        "pass copy=None or copy=True"));
+  }
+  if (moves || want_copy == true) {
+    absl::StatusOr<DLManagedTensorVersioned*> own_export = t.to_dlpack_versioned();
+    if (!own_export.ok()) raise_status(own_export.status());
+    import_options o;
+    o.target = target ? *target : own;
+    o.copy = true;
+    py::object copied =
+        self.owner.cast<py_runtime&>().import_managed(self.owner, managed_tensor(*own_export), o);
+    const py_tensor& c = copied.cast<const py_tensor&>();
+    if (is_simulated(c)) {
+      throw py::buffer_error(absl::StrCat(
+          c.value.device().name(),
+          " is a simulated GPU; its memory is host memory that only "
+          "dlasync reads as device memory: import it with dlasync, or copy it to the host"));
+    }
+    return export_capsule(c.value, versioned);
+  }
+  if (is_simulated(self)) {
+    throw py::buffer_error(absl::StrCat(
+        own.name(),
+        " is a simulated GPU of this dlasync runtime: its memory is host memory "
+        "standing in for device memory, which no other library can read as a GPU's. Bring it "
+        "to the host first: rt.from_dlpack(t, device=\"cpu\"), or __dlpack__(dl_device=(1, 0))"));
+  }
+  return export_capsule(t, versioned);
+}
+
+std::string repr(const py_tensor& self) {
+  const tensor& t = self.value;
+  std::string shape;
+  for (std::int64_t e : t.shape()) absl::StrAppend(&shape, shape.empty() ? "" : ", ", e);
+  if (t.ndim() == 1) shape += ",";
+  return absl::StrCat("dlasync.Tensor(shape=(", shape, "), dtype=", t.dtype().name(),
+                      ", device=", t.device().name(), t.is_view() ? ", view" : ", copy",
+                      t.read_only() ? ", read-only" : "", ")");
+}
+
+}  // namespace
+
+void bind_device(py::module_& m) {
+  py::class_<py_device>(m, "Device", R"(A device: a DLPack device type and an ordinal.
+
+Device("cuda:1"), Device("cpu"), Device((2, 1)). str() gives "cuda:1"; it
+compares equal to the same device given as a string or a tuple.)")
+      .def(py::init([](py::handle d) { return py_device{parse_device(d)}; }), py::arg("device"))
+      .def(py::init(
+               [](int type, int id) { return py_device{parse_device(py::make_tuple(type, id))}; }),
+           py::arg("type"), py::arg("id"))
+      .def_property_readonly("type",
+                             [](const py_device& d) { return static_cast<int>(d.value.kind); })
+      .def_property_readonly("id", [](const py_device& d) { return d.value.ordinal; })
+      .def_property_readonly(
+          "kind", [](const py_device& d) { return std::string(device_kind_name(d.value.kind)); })
+      .def("__str__", [](const py_device& d) { return d.value.name(); })
+      .def(
+          "__repr__",
+          [](const py_device& d) { return absl::StrCat("dlasync.Device('", d.value.name(), "')"); })
+      .def("__eq__",
+           [](const py_device& d, py::handle other) {
+             try {
+               return parse_device(other) == d.value;
+             } catch (py::error_already_set&) {
+               return false;
+             } catch (py::builtin_exception&) {
+               return false;
+             }
+           })
+      .def("__hash__", [](const py_device& d) {
+        return py::hash(py::make_tuple(static_cast<int>(d.value.kind), d.value.ordinal));
+      });
+}
+
+void bind_tensor(py::module_& m) {
+  py::class_<py_tensor>(m, "Tensor", R"(A tensor imported by dlasync.
+
+A view shares the producer's memory and keeps the producer's tensor until
+the last reference (this object, or a tensor exported from it) goes; a copy
+owns its memory. Implements the DLPack protocol (__dlpack__,
+__dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)")
+      .def_property_readonly("shape", [](const py_tensor& t) { return as_tuple(t.value.shape()); })
+      .def_property_readonly(
+          "strides", [](const py_tensor& t) { return as_tuple(t.value.strides()); },
+          "Strides in elements, as DLPack counts them (NumPy counts bytes).")
+      .def_property_readonly("ndim", [](const py_tensor& t) { return t.value.ndim(); })
+      .def_property_readonly("size", [](const py_tensor& t) { return t.value.element_count(); })
+      .def_property_readonly("nbytes", [](const py_tensor& t) { return t.value.byte_size(); })
+      .def_property_readonly(
+          "dtype", [](const py_tensor& t) { return t.value.dtype().name(); },
+          "NumPy's name where NumPy has the type (\"float32\", \"bool\"), else DLPack's "
+          "(\"bfloat16\", \"float8_e4m3fn\").")
+      .def_property_readonly("device",
+                             [](const py_tensor& t) { return py_device{t.value.device()}; })
+      .def_property_readonly("is_view", [](const py_tensor& t) { return t.value.is_view(); })
+      .def_property_readonly("is_copy", [](const py_tensor& t) { return t.value.is_copy(); })
+      .def_property_readonly("read_only", [](const py_tensor& t) { return t.value.read_only(); })
+      .def_property_readonly("is_contiguous",
+                             [](const py_tensor& t) { return t.value.is_compact(); })
+      .def_property_readonly(
+          "data_ptr",
+          [](const py_tensor& t) { return reinterpret_cast<std::uintptr_t>(t.value.data()); },
+          "The first element's address.")
+      .def_property_readonly(
+          "stream", [](const py_tensor& t) { return t.value.stream(); },
+          "The stream a GPU copy is freed on (DLPack encoding), -1 for views and host copies.")
+      .def("__dlpack__", &dlpack, py::kw_only(), py::arg("stream") = py::none(),
+           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
+           py::arg("copy") = py::none())
+      .def("__dlpack_device__",
+           [](const py_tensor& t) {
+             return py::make_tuple(static_cast<int>(t.value.device().kind),
+                                   t.value.device().ordinal);
+           })
+      .def("__repr__", &repr);
+}
+
+}  // namespace dlasync::python
