@@ -7,6 +7,9 @@
 #   scripts/run-tests.sh --sanitize address ASan+UBSan build in build-asan/
 #   scripts/run-tests.sh --sanitize thread  TSan build in build-tsan/
 #
+# The Python module (python/) is built and its pytest suite run by ctest in
+# the plain build, with Debian's Python (/usr/bin/python3).
+#
 # CUDA support is built when a CUDA toolkit is found (also at /usr/local/cuda
 # when nvcc is not on PATH); tests that need a GPU skip themselves without one.
 set -euo pipefail
@@ -20,7 +23,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-bash scripts/install-deps.sh
+# The Python module's build and tests: Debian's pybind11, Python, pytest,
+# NumPy and PyTorch (about 40 s and 650 MB the first time).
+bash scripts/install-deps.sh pybind11-dev python3-dev python3-pytest python3-numpy python3-torch
 
 build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = address ] && build_dir=build-asan
@@ -31,7 +36,8 @@ bench=ON
 [ -n "$sanitize" ] && bench=OFF
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench
+  -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench \
+  -DPYTHON_EXECUTABLE=/usr/bin/python3
 cmake --build "$build_dir" --parallel "$(nproc)"
 # TSan: the suppressions cover Debian's uninstrumented abseil only.
 if [ "$sanitize" = thread ]; then

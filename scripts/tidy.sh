@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# clang-tidy over the library's sources (runtime/, transfer/), with the
+# clang-tidy over the library's sources (runtime/, transfer/, python/), with the
 # checks of .clang-tidy and warnings as errors. Configures build-tidy/ for
 # its compile commands (no build needed) and runs one clang-tidy a core.
 #
-#   scripts/tidy.sh [files...]   default: every .cpp of runtime/ and transfer/
+#   scripts/tidy.sh [files...]   default: every .cpp of runtime/, transfer/ and python/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/install-deps.sh clang-tidy-14
+bash scripts/install-deps.sh clang-tidy-14 pybind11-dev python3-dev
 cmake -S . -B build-tidy -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=g++-12 \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF \
+  -DDLASYNC_BUILD_PYTHON=ON -DPYTHON_EXECUTABLE=/usr/bin/python3 \
   >/dev/null
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  mapfile -t files < <(git ls-files 'runtime/*.cpp' 'transfer/*.cpp')
+  mapfile -t files < <(git ls-files 'runtime/*.cpp' 'transfer/*.cpp' 'python/*.cpp')
 fi
 # g++'s warning flags are not all clang's: those unknown to clang are not
 # findings.

@@ -26,13 +26,12 @@ void set_if(py::handle value, T& field) {
   if (!value.is_none()) field = value.cast<T>();
 }
 
-std::unique_ptr<py_runtime> make_runtime(py::object cuda, int workers, int executor_threads,
-                                         int host_devices, std::uint64_t copy_memory_budget,
-                                         py::object inline_copy_bytes,
-                                         py::object parallel_copy_bytes,
-                                         py::object host_cache_bytes, py::object streams_per_device,
-                                         py::object staging_chunk_bytes, py::object staging_chunks,
-                                         py::object staging_streams) {
+std::unique_ptr<py_runtime> make_runtime(
+    const py::object& cuda, int workers, int executor_threads, int host_devices,
+    std::uint64_t copy_memory_budget, const py::object& inline_copy_bytes,
+    const py::object& parallel_copy_bytes, const py::object& host_cache_bytes,
+    const py::object& streams_per_device, const py::object& staging_chunk_bytes,
+    const py::object& staging_chunks, const py::object& staging_streams) {
   runtime_options o;
   if (!cuda.is_none()) o.cuda = cuda.cast<std::string>();
   o.worker_threads = workers;
@@ -84,11 +83,12 @@ context manager: leaving it shuts the runtime down, as shutdown() does.)")
            py::arg("staging_chunks") = py::none(), py::arg("staging_streams") = py::none())
       .def(
           "from_dlpack",
-          [](py::object self, py::handle x, py::object device, py::object copy, py::object stream,
-             bool require_contiguous, bool require_writable) {
+          [](const py::object& self, py::handle x, py::object device, py::object copy,
+             py::object stream, bool require_contiguous, bool require_writable) {
             py_runtime& rt = self.cast<py_runtime&>();
-            return rt.from_dlpack(
-                self, x, args_of(device, copy, stream, require_contiguous, require_writable));
+            return rt.from_dlpack(self, x,
+                                  args_of(std::move(device), std::move(copy), std::move(stream),
+                                          require_contiguous, require_writable));
           },
           py::arg("x"), py::pos_only(), py::kw_only(), py::arg("device") = py::none(),
           py::arg("copy") = py::none(), py::arg("stream") = py::none(),
@@ -102,13 +102,14 @@ to x.__dlpack__ (DLPack encoding); for a CUDA producer dlasync names its own
 stream when None is given.)")
       .def(
           "_start_import",
-          [](py::object self, py::handle x, std::shared_ptr<loop_bridge> bridge, py::handle future,
-             py::object device, py::object copy, py::object stream, bool require_contiguous,
-             bool require_writable) {
+          [](const py::object& self, py::handle x, std::shared_ptr<loop_bridge> bridge,
+             py::handle future, py::object device, py::object copy, py::object stream,
+             bool require_contiguous, bool require_writable) {
             py_runtime& rt = self.cast<py_runtime&>();
-            return rt.start_import(
-                self, x, args_of(device, copy, stream, require_contiguous, require_writable),
-                std::move(bridge), future);
+            return rt.start_import(self, x,
+                                   args_of(std::move(device), std::move(copy), std::move(stream),
+                                           require_contiguous, require_writable),
+                                   std::move(bridge), future);
           },
           py::arg("x"), py::arg("bridge"), py::arg("future"), py::kw_only(),
           py::arg("device") = py::none(), py::arg("copy") = py::none(),
@@ -116,13 +117,14 @@ stream when None is given.)")
           py::arg("require_writable") = false)
       .def(
           "_start_batch",
-          [](py::object self, py::sequence xs, std::shared_ptr<loop_bridge> bridge,
+          [](const py::object& self, const py::sequence& xs, std::shared_ptr<loop_bridge> bridge,
              py::handle future, bool return_exceptions, py::object device, py::object copy,
              py::object stream, bool require_contiguous, bool require_writable) {
             py_runtime& rt = self.cast<py_runtime&>();
-            return rt.start_batch(
-                self, xs, args_of(device, copy, stream, require_contiguous, require_writable),
-                std::move(bridge), future, return_exceptions);
+            return rt.start_batch(self, xs,
+                                  args_of(std::move(device), std::move(copy), std::move(stream),
+                                          require_contiguous, require_writable),
+                                  std::move(bridge), future, return_exceptions);
           },
           py::arg("xs"), py::arg("bridge"), py::arg("future"), py::arg("return_exceptions"),
           py::kw_only(), py::arg("device") = py::none(), py::arg("copy") = py::none(),
@@ -146,7 +148,7 @@ stream when None is given.)")
            "Refuses new imports, cancels those in flight and waits for them; idempotent.")
       .def("close", &py_runtime::shutdown)
       .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](py_runtime& rt, py::args) {
+      .def("__exit__", [](py_runtime& rt, const py::args&) {
         rt.shutdown();
         return false;
       });

@@ -8,8 +8,10 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <utility>
 
+#include "asio/executor_work_guard.hpp"
 #include "asio/post.hpp"
 #include "python/src/py_errors.hpp"
 #include "python/src/py_tensor.hpp"
@@ -17,6 +19,33 @@
 namespace py = pybind11;
 
 namespace dlasync::python {
+namespace {
+
+struct completion_thread {
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
+  std::thread thread{[this] { io.run(); }};
+};
+
+std::mutex completions_mutex;
+completion_thread* completions = nullptr;  // never destroyed: see stop_completions
+
+}  // namespace
+
+asio::io_context::executor_type completion_executor() {
+  std::lock_guard lock(completions_mutex);
+  if (completions == nullptr) completions = new completion_thread();
+  return completions->io.get_executor();
+}
+
+void stop_completions() {
+  std::lock_guard lock(completions_mutex);
+  if (completions == nullptr || !completions->thread.joinable()) return;
+  completions->work.reset();
+  py::gil_scoped_release unlocked;
+  completions->thread.join();
+  // Left allocated: a late post finds a stopped context, not freed memory.
+}
 
 void import_call::cancel() {
   {
@@ -26,6 +55,11 @@ void import_call::cancel() {
   asio::post(strand_, [self = shared_from_this()] {
     self->signal_.emit(asio::cancellation_type::terminal);
   });
+}
+
+void import_call::mark_done() {
+  std::lock_guard lock(mutex_);
+  done_ = true;
 }
 
 void import_call::complete(absl::StatusOr<tensor> result) {
@@ -50,6 +84,10 @@ void import_call::finished() {
 
 absl::StatusOr<tensor> import_call::wait_one() {
   for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      if (done_) break;
+    }
     bool done = false;
     {
       py::gil_scoped_release unlocked;
@@ -57,17 +95,7 @@ absl::StatusOr<tensor> import_call::wait_one() {
       done = done_cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return done_; });
     }
     if (done) break;
-    if (PyErr_CheckSignals() != 0) {
-      py::error_already_set interrupted;  // KeyboardInterrupt, say: raised once the import ends
-      cancel();
-      {
-        py::gil_scoped_release unlocked;
-        std::unique_lock lock(mutex_);
-        done_cv_.wait(lock, [&] { return done_; });
-      }
-      one.reset();
-      throw interrupted;
-    }
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
   absl::StatusOr<tensor> out = std::move(*one);
   one.reset();

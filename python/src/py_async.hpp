@@ -3,16 +3,18 @@
 // One import started from Python, and how its completion reaches Python.
 //
 // An `import_call` is the state of one import or batch. Its completion
-// handler runs on a strand of the runtime's executor; it never takes the
-// GIL there. For the synchronous form, the calling thread waits on the
+// handler runs on the module's completion thread (completion_executor()),
+// never on the runtime's executor: a handler there would never run for an
+// import refused after shutdown, whose executor no longer runs. It never
+// takes the GIL. For the synchronous form, the calling thread waits on the
 // call with the GIL released. For asyncio, the handler queues the call on
 // the event loop's `loop_bridge` and writes the bridge's eventfd; the loop
 // (which watches the fd with add_reader) drains the queue on its own
 // thread and resolves the futures. No thread is blocked per import.
 //
-// Cancellation: cancel() emits terminal cancellation on the call's strand,
-// where Asio's slot is also cleared before the handler runs, so that the
-// two never race. A call whose handler is destroyed without being called
+// Cancellation: cancel() emits terminal cancellation on the completion
+// thread, where Asio's slot is also cleared before the handler runs, so
+// that the two never race. A call whose handler is destroyed without being called
 // (the runtime shut down with it queued) completes with Unavailable.
 #pragma once
 
@@ -26,7 +28,10 @@
 
 #include "absl/status/statusor.h"
 #include "asio/cancellation_signal.hpp"
-#include "asio/strand.hpp"
+#include "asio/execution.hpp"
+#include "asio/io_context.hpp"
+#include "asio/query.hpp"
+#include "asio/system_executor.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/tensor.hpp"
 #include "python/src/py_release.hpp"
@@ -35,24 +40,33 @@ namespace dlasync::python {
 
 class loop_bridge;
 
+// The executor of the module's completion thread, started at first use.
+asio::io_context::executor_type completion_executor();
+// Runs what is queued there and stops the thread (at exit, after the
+// runtimes have shut down; the GIL is given up while it waits).
+void stop_completions();
+
 class import_call : public std::enable_shared_from_this<import_call> {
  public:
-  using strand_type = asio::strand<runtime::executor_type>;
+  using strand_type = asio::io_context::executor_type;
 
-  explicit import_call(runtime& rt) : strand_(asio::make_strand(rt.get_executor())) {}
+  import_call() : strand_(completion_executor()) {}
 
   strand_type strand() const noexcept { return strand_; }
   asio::cancellation_slot slot() noexcept { return signal_.slot(); }
 
   // Any thread, any number of times; nothing once completed.
   void cancel();
+  // Completed without an operation (a view resolved at the call).
+  void mark_done();
 
   // The handler's end: stores the result and wakes whoever waits.
   void complete(absl::StatusOr<tensor> one);
   void complete(std::vector<absl::StatusOr<tensor>> many);
 
   // Synchronous form: waits with the GIL released, checking for signals
-  // (KeyboardInterrupt cancels the import and is raised once it has ended).
+  // every 100 ms; a signal's exception (KeyboardInterrupt) is raised at
+  // once, and the import, abandoned, releases its result where it ends.
   absl::StatusOr<tensor> wait_one();
 
   // Asyncio form (set before the import starts, the GIL held).
@@ -75,7 +89,58 @@ class import_call : public std::enable_shared_from_this<import_call> {
   bool done_ = false;
 };
 
-// The completion handler given to dlasync's initiating functions.
+// An executor that runs what it is given at once, on the calling thread:
+// the synchronous form's handler only stores the result and wakes the
+// waiting thread, which costs less than a hop to another thread. It answers
+// blocking.never to Asio's post, as use_future's executor does, although
+// it runs the function inline: nothing here waits for the caller.
+struct inline_executor {
+  template <typename F>
+  void execute(F&& f) const {
+    std::forward<F>(f)();
+  }
+  static constexpr asio::execution::blocking_t query(asio::execution::blocking_t) noexcept {
+    return asio::execution::blocking.never;
+  }
+  inline_executor require(asio::execution::blocking_t::never_t) const noexcept { return *this; }
+  asio::execution_context& query(asio::execution::context_t) const noexcept {
+    return asio::query(asio::system_executor(), asio::execution::context);
+  }
+  friend bool operator==(const inline_executor&, const inline_executor&) noexcept { return true; }
+  friend bool operator!=(const inline_executor&, const inline_executor&) noexcept { return false; }
+};
+
+// The synchronous form's handler: no cancellation slot (an interrupted
+// wait abandons the import, whose result is then released where it ends).
+class sync_handler {
+ public:
+  using executor_type = inline_executor;
+
+  explicit sync_handler(std::shared_ptr<import_call> call) : call_(std::move(call)) {}
+  sync_handler(sync_handler&&) noexcept = default;
+  sync_handler& operator=(sync_handler&&) noexcept = default;
+  ~sync_handler() {
+    if (call_ != nullptr) {
+      call_->complete(absl::StatusOr<tensor>(absl::UnavailableError(
+          "the runtime shut down before this import's completion could be delivered; the "
+          "tensor was released")));
+    }
+  }
+
+  executor_type get_executor() const noexcept { return {}; }
+
+  void operator()(absl::StatusOr<tensor> result) {
+    std::shared_ptr<import_call> call = std::move(call_);
+    call_ = nullptr;
+    call->complete(std::move(result));
+  }
+
+ private:
+  std::shared_ptr<import_call> call_;
+};
+
+// The asyncio form's handler: on the completion thread, with the call's
+// cancellation slot.
 template <typename Result>
 class call_handler {
  public:

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/transfer/import.hpp"
+#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/transfer/validate.hpp"
 #include "python/src/py_errors.hpp"
 #include "python/src/py_release.hpp"
 #include "python/src/py_source.hpp"
@@ -32,6 +34,16 @@ std::optional<device> parse_kind(const std::string& name, int ordinal) {
     if (name == device_kind_name(kind)) return device{kind, ordinal};
   }
   return std::nullopt;
+}
+
+// True when the import is a view that waits for nothing: then import_view
+// makes it on this thread, with no hop to another. Anything else (a copy,
+// a producer stream, a refusal) takes the asynchronous path, which decides
+// the same way.
+bool is_plain_view(runtime& rt, const managed_tensor& source, const import_options& options) {
+  if (options.copy.value_or(false) || options.stream) return false;
+  absl::StatusOr<import_plan> plan = plan_import(source, options, rt.registry());
+  return plan.ok() && !plan->needs_copy() && !plan->needs_wait();
 }
 
 }  // namespace
@@ -100,14 +112,12 @@ py_runtime::~py_runtime() {
     std::lock_guard lock(live_mutex);
     live().erase(this);
   }
-  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) {
-    py::gil_scoped_release unlocked;
-    streams_.clear();
-    rt_.reset();
-  } else {
-    streams_.clear();
-    rt_.reset();
-  }
+  // Shutdown waits for imports whose producers' deleters may need the GIL.
+  PyThreadState* saved = nullptr;
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) saved = PyEval_SaveThread();
+  streams_.clear();
+  rt_.reset();
+  if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
 runtime& py_runtime::get() {
@@ -132,6 +142,7 @@ void py_runtime::at_exit() {
     all.assign(live().begin(), live().end());
   }
   for (py_runtime* r : all) r->shutdown();
+  stop_completions();
   close_releaser();
 }
 
@@ -176,27 +187,37 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
   return it->second.dlpack_stream();
 }
 
-py::object py_runtime::from_dlpack(py::object self, py::handle x, const import_args& a) {
+py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const import_args& a) {
   import_options options = options_of(a);
   options.stream = producer_stream(x, a);
   runtime& rt = get();
   taken_source taken = take_source(x, options.stream);
-  auto call = std::make_shared<import_call>(rt);
-  async_import_dlpack(rt, taken.source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
+  if (is_plain_view(rt, taken.source, options)) {
+    // A view needs no other thread: made here, at once.
+    absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
+    taken.settle();
+    if (!view.ok()) raise_status(view.status());
+    return py::cast(py_tensor{std::move(*view), self});
+  }
+  return import_taken(self, taken, options);
+}
+
+py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
+                                    const import_options& options) {
+  auto call = std::make_shared<import_call>();
+  async_import_dlpack(get(), taken.source, options, sync_handler(call));
   taken.settle();
   absl::StatusOr<tensor> t = call->wait_one();
   if (!t.ok()) raise_status(t.status());
-  return py::cast(py_tensor{std::move(*t), std::move(self)});
+  return py::cast(py_tensor{std::move(*t), self});
 }
 
-py::object py_runtime::import_managed(py::object self, managed_tensor source,
+py::object py_runtime::import_managed(const py::object& self, managed_tensor source,
                                       const import_options& options) {
-  runtime& rt = get();
-  auto call = std::make_shared<import_call>(rt);
-  async_import_dlpack(rt, source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
-  absl::StatusOr<tensor> t = call->wait_one();
-  if (!t.ok()) raise_status(t.status());
-  return py::cast(py_tensor{std::move(*t), std::move(self)});
+  taken_source taken;
+  taken.source = std::move(source);
+  taken.capsule = py::none();
+  return import_taken(self, taken, options);
 }
 
 std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handle x,
@@ -207,7 +228,19 @@ std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handl
   options.stream = producer_stream(x, a);
   runtime& rt = get();
   taken_source taken = take_source(x, options.stream);
-  auto call = std::make_shared<import_call>(rt);
+  auto call = std::make_shared<import_call>();
+  if (is_plain_view(rt, taken.source, options)) {
+    // A view is made at once: the future is resolved before the first await.
+    absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
+    taken.settle();
+    if (view.ok()) {
+      future.attr("set_result")(py::cast(py_tensor{std::move(*view), self}));
+    } else {
+      future.attr("set_exception")(make_exception(view.status()));
+    }
+    call->mark_done();
+    return call;
+  }
   call->future = py_ref(future.ptr());
   call->owner = py_ref(self.ptr());
   call->bridge = std::move(bridge);
@@ -216,7 +249,7 @@ std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handl
   return call;
 }
 
-std::shared_ptr<import_call> py_runtime::start_batch(py::object self, py::sequence xs,
+std::shared_ptr<import_call> py_runtime::start_batch(py::object self, const py::sequence& xs,
                                                      const import_args& a,
                                                      std::shared_ptr<loop_bridge> bridge,
                                                      py::handle future, bool return_exceptions) {
@@ -239,7 +272,7 @@ std::shared_ptr<import_call> py_runtime::start_batch(py::object self, py::sequen
   sources.reserve(taken.size());
   for (taken_source& t : taken) sources.push_back(std::move(t.source));
   runtime& rt = get();
-  auto call = std::make_shared<import_call>(rt);
+  auto call = std::make_shared<import_call>();
   call->future = py_ref(future.ptr());
   call->owner = py_ref(self.ptr());
   call->bridge = std::move(bridge);

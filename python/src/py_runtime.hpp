@@ -23,6 +23,7 @@
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "python/src/py_async.hpp"
+#include "python/src/py_source.hpp"
 
 namespace dlasync::python {
 
@@ -50,21 +51,22 @@ class py_runtime {
 
   // `self` is the Python object of this runtime (the tensors' owner).
   // Synchronous: waits (GIL released) and returns a Tensor, or raises.
-  pybind11::object from_dlpack(pybind11::object self, pybind11::handle x, const import_args& a);
+  pybind11::object from_dlpack(const pybind11::object& self, pybind11::handle x,
+                               const import_args& a);
   // Asyncio: starts the import; its completion resolves `future` through
   // `bridge`. Raises at once what is wrong before the import starts.
   std::shared_ptr<import_call> start_import(pybind11::object self, pybind11::handle x,
                                             const import_args& a,
                                             std::shared_ptr<loop_bridge> bridge,
                                             pybind11::handle future);
-  std::shared_ptr<import_call> start_batch(pybind11::object self, pybind11::sequence xs,
+  std::shared_ptr<import_call> start_batch(pybind11::object self, const pybind11::sequence& xs,
                                            const import_args& a,
                                            std::shared_ptr<loop_bridge> bridge,
                                            pybind11::handle future, bool return_exceptions);
 
   // Imports `source` (dlasync's own export) synchronously: the copies
   // Tensor.__dlpack__ makes for copy=True and dl_device.
-  pybind11::object import_managed(pybind11::object self, managed_tensor source,
+  pybind11::object import_managed(const pybind11::object& self, managed_tensor source,
                                   const import_options& options);
 
   // Shuts down every live runtime (the GIL released meanwhile), then
@@ -72,6 +74,9 @@ class py_runtime {
   static void at_exit();
 
  private:
+  // The synchronous import of a taken source.
+  pybind11::object import_taken(const pybind11::object& self, taken_source& taken,
+                                const import_options& options);
   import_options options_of(const import_args& a) const;
   // The stream to pass to `x.__dlpack__`, and to follow.
   std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);

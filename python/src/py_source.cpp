@@ -104,8 +104,16 @@ taken_source from_capsule(py::object capsule) {
 
 bool is_keyword_refusal(const py::error_already_set& e) {
   if (!e.matches(PyExc_TypeError)) return false;
-  const std::string what = e.what();
+  const std::string what = py::str(e.value());
   return what.find("max_version") != std::string::npos || what.find("keyword") != std::string::npos;
+}
+
+// The producer types that refused max_version once: asked the legacy way
+// from then on, without raising and catching a TypeError per import.
+// (The set keeps those types alive: a handful, for the process's life.)
+py::set& legacy_producer_types() {
+  static auto* types = new py::set();
+  return *types;
 }
 
 void capsule_destructor(PyObject* capsule) {
@@ -171,16 +179,22 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
   }
   py::dict kwargs;
   if (stream) kwargs["stream"] = *stream;
-  kwargs["max_version"] = py::make_tuple(dlpack_major_version, dlpack_minor_version);
   py::object capsule;
-  try {
+  py::handle type = py::type::handle_of(obj);
+  if (legacy_producer_types().contains(type)) {
     capsule = dlpack(**kwargs);
-  } catch (py::error_already_set& e) {
-    if (!is_keyword_refusal(e)) throw;
-    // A producer older than DLPack 1.0's Python protocol: the legacy call.
-    py::dict legacy;
-    if (stream) legacy["stream"] = *stream;
-    capsule = dlpack(**legacy);
+  } else {
+    py::dict versioned;  // a dict of its own: py::dict copies share one
+    if (stream) versioned["stream"] = *stream;
+    versioned["max_version"] = py::make_tuple(dlpack_major_version, dlpack_minor_version);
+    try {
+      capsule = dlpack(**versioned);
+    } catch (py::error_already_set& e) {
+      if (!is_keyword_refusal(e)) throw;
+      // A producer older than DLPack 1.0's Python protocol: the legacy call.
+      capsule = dlpack(**kwargs);
+      legacy_producer_types().add(type);
+    }
   }
   if (PyCapsule_CheckExact(capsule.ptr()) == 0) {
     throw py::type_error(absl::StrCat(

@@ -22,3 +22,16 @@ def rt():
 def no_double_deletes():
     yield
     assert dlpack_producer.double_deletes == []
+
+
+def eventually(predicate, seconds=10.0):
+    """True once `predicate()` is; deleters that arrive on a thread without the
+    GIL run a moment later on dlasync's releaser, which needs the GIL this
+    thread gives up while it sleeps."""
+    import time
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True

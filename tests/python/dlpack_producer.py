@@ -129,7 +129,8 @@ class CountingProducer:
     """Exports a NumPy array's memory; every export's deleter is counted."""
 
     def __init__(self, array, *, versioned=True, flags=0, dtype=None, device=(1, 0),
-                 strides="array", byte_offset=0, version=(1, 3), data=None):
+                 strides="array", byte_offset=0, version=(1, 3), data=None,
+                 shape=None):
         self.array = array
         self.versioned = versioned
         self.flags = flags
@@ -138,16 +139,19 @@ class CountingProducer:
         self.byte_offset = byte_offset
         self.version = version
         self.data = data
+        self.shape = tuple(array.shape) if shape is None else shape
         if strides == "array":
             strides = [s // array.itemsize for s in array.strides]
         self.strides = strides
         self.exports = 0
         self.deletes = 0
+        self.streams = []  # the stream= of each __dlpack__ call
 
     def __dlpack_device__(self):
         return self.device
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        self.streams.append(stream)
         versioned = self.versioned and max_version is not None and max_version[0] >= 1
         data = self.data if self.data is not None else self.array.ctypes.data
         if versioned:
@@ -159,7 +163,7 @@ class CountingProducer:
             m = DLManagedTensor()
             t = m.dl_tensor
         arrays = _fill(t, data - self.byte_offset if self.byte_offset else data,
-                       self.array.shape, self.strides, self.dtype, self.device, self.byte_offset)
+                       self.shape, self.strides, self.dtype, self.device, self.byte_offset)
         m.deleter = _DELETER
         self.exports += 1
 

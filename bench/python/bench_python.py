@@ -1,0 +1,154 @@
+"""dlasync's Python module against NumPy and PyTorch, in one run.
+
+1. Per-call cost of a zero-copy import of the same 1 KiB array:
+   rt.from_dlpack, `await rt.import_dlpack` (per import, 100 gathered),
+   np.from_dlpack and torch.from_dlpack.
+2. Strided copies of the same arrays, 4 KiB to --max-bytes: a transpose and
+   every other row, as rt.from_dlpack(x, require_contiguous=True) against
+   np.ascontiguousarray(x) and torch's x.contiguous() (PyTorch with the same
+   thread count as dlasync's workers).
+
+Every ratio is measured interleaved: each repetition times the candidates
+back to back on the same warm arrays, in rotating order; the figure is the
+median of the per-repetition ratios, with the lowest and highest. A ratio
+whose highest is over 1.5 times its lowest is marked "unstable". Each
+candidate's own rate is printed beside it. A ratio above 1 means dlasync is
+faster.
+
+    /usr/bin/python3 bench/python/bench_python.py [--max-bytes N] [--reps N]
+"""
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+import numpy as np
+
+import dlasync
+
+try:
+    import torch
+except ImportError:  # the NumPy columns still run
+    torch = None
+
+
+def per_call(fn, calls):
+    t0 = time.perf_counter_ns()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter_ns() - t0) / calls
+
+
+def interleaved(candidates, reps, calls):
+    """{name: [ns per call, one per repetition]}, in rotating order."""
+    names = list(candidates)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for n in order:
+            times[n].append(per_call(candidates[n], calls))
+    return times
+
+
+def ratio_text(base, ours):
+    ratios = sorted(b / o for b, o in zip(base, ours))
+    med = statistics.median(ratios)
+    lo, hi = ratios[0], ratios[-1]
+    mark = " unstable" if hi > 1.5 * lo else ""
+    return f"{med:5.2f} [{lo:.2f}-{hi:.2f}]{mark}"
+
+
+def overhead_table(rt, reps):
+    a = np.arange(256, dtype=np.float32)
+    x = torch.from_numpy(a.copy()) if torch else None
+    loop = asyncio.new_event_loop()
+
+    async def gathered():
+        await asyncio.gather(*[rt.import_dlpack(a) for _ in range(100)])
+
+    cands = {
+        "rt.from_dlpack": lambda: rt.from_dlpack(a),
+        "await rt.import_dlpack": lambda: loop.run_until_complete(gathered()),
+        "np.from_dlpack": lambda: np.from_dlpack(a),
+    }
+    if torch:
+        cands["torch.from_dlpack"] = lambda: torch.from_dlpack(x)
+    times = interleaved(cands, reps, 2000)
+    times["await rt.import_dlpack"] = [t / 100 for t in times["await rt.import_dlpack"]]
+    loop.close()
+    print("## Zero-copy import of a 1 KiB array: cost per call (median of repetitions)\n")
+    print("| call | ns per call | rt.from_dlpack vs it (ratio [lo-hi]) |")
+    print("|---|---|---|")
+    ours = times["rt.from_dlpack"]
+    for n, t in times.items():
+        vs = "" if n == "rt.from_dlpack" else ratio_text(t, ours)
+        print(f"| {n} | {statistics.median(t):,.0f} | {vs} |")
+    print()
+
+
+def layouts(nbytes):
+    side = max(int((nbytes // 4) ** 0.5), 1)
+    base = np.random.default_rng(0).standard_normal((side, side), dtype=np.float32)
+    return {"transpose": (base, lambda b: b.T), "every other row": (
+        np.random.default_rng(0).standard_normal((2 * side, side), dtype=np.float32),
+        lambda b: b[::2])}
+
+
+def copy_table(rt, reps, max_bytes, threads):
+    print(f"## Strided copies to compact row-major, float32 "
+          f"(dlasync workers and PyTorch threads: {threads}; NumPy: 1 thread)\n")
+    print("| layout | size | dlasync GB/s | NumPy GB/s | vs NumPy | PyTorch GB/s | vs PyTorch |")
+    print("|---|---|---|---|---|---|---|")
+    size = 4096
+    while size <= max_bytes:
+        for name, (base, view) in layouts(size).items():
+            x = view(base)
+            nbytes = x.nbytes
+            tb = torch.from_numpy(base) if torch else None
+            calls = max(1, min(2000, (1 << 22) // max(nbytes, 1)))
+            cands = {
+                "dlasync": lambda: rt.from_dlpack(x, require_contiguous=True),
+                "numpy": lambda: np.ascontiguousarray(x),
+            }
+            if torch:
+                tx = view(tb)
+                cands["torch"] = lambda: tx.contiguous()
+            times = interleaved(cands, reps, calls)
+            gbps = {n: nbytes / statistics.median(t) for n, t in times.items()}
+            row = (f"| {name} | {human(nbytes)} | {gbps['dlasync']:.2f} | {gbps['numpy']:.2f} | "
+                   f"{ratio_text(times['numpy'], times['dlasync'])} |")
+            if torch:
+                row += f" {gbps['torch']:.2f} | {ratio_text(times['torch'], times['dlasync'])} |"
+            else:
+                row += " - | - |"
+            print(row)
+        size *= 4
+    print()
+
+
+def human(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.0f} TiB"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-bytes", type=int, default=256 << 20)
+    ap.add_argument("--reps", type=int, default=9)
+    args = ap.parse_args()
+    threads = os.cpu_count() or 1
+    if torch:
+        torch.set_num_threads(threads)
+    print(f"# dlasync Python module: NumPy {np.__version__}, "
+          f"PyTorch {torch.__version__ if torch else 'absent'}, {threads} hardware threads\n")
+    with dlasync.Runtime(cuda="off", workers=threads) as rt:
+        overhead_table(rt, args.reps)
+        copy_table(rt, args.reps, args.max_bytes, threads)
+
+
+if __name__ == "__main__":
+    main()

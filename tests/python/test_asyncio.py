@@ -1,0 +1,200 @@
+"""The awaitable forms on asyncio: completions through the loop, concurrency,
+cancellation, batches, and interpreter exit with imports in flight."""
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import dlasync
+from conftest import eventually
+from dlpack_producer import CountingProducer
+
+
+def test_a_thousand_concurrent_imports_each_release_their_producer_once(rt):
+    producers = [CountingProducer(np.full(257, i, dtype=np.int64)) for i in range(1000)]
+
+    async def main():
+        targets = ["cpu:1", "cuda:0", "cuda:1", None]
+        return await asyncio.gather(*[
+            rt.import_dlpack(p, device=targets[i % 4]) for i, p in enumerate(producers)])
+
+    tensors = asyncio.run(main())
+    for i, t in enumerate(tensors):
+        assert t.is_copy == (i % 4 != 3)
+        host = t if i % 4 in (0, 3) else rt.from_dlpack(t, device="cpu")
+        assert np.from_dlpack(host)[256] == i
+    del tensors, host, t
+    assert eventually(lambda: all(p.deletes == p.exports == 1 for p in producers))
+    assert rt.in_flight == 0
+
+
+def test_no_thread_is_started_per_import(rt):
+    import threading
+    a = np.arange(1 << 16, dtype=np.float32)
+
+    async def main():
+        before = threading.active_count()
+        ts = await asyncio.gather(*[rt.import_dlpack(a, device="cpu:1") for _ in range(200)])
+        assert threading.active_count() <= before + 1  # at most the releaser
+        return ts
+
+    assert len(asyncio.run(main())) == 200
+
+
+def test_cancelling_the_task_cancels_an_import_that_waits_for_budget():
+    with dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=1 << 20) as rt:
+        held = rt.from_dlpack(np.zeros(1 << 20, dtype=np.uint8), device="cpu:1")  # the budget
+        p = CountingProducer(np.arange(1024, dtype=np.float32))
+
+        async def main():
+            task = asyncio.ensure_future(rt.import_dlpack(p, device="cpu:1"))
+            await asyncio.sleep(0.05)
+            assert not task.done()  # waiting for budget
+            assert rt.in_flight == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(main())
+        assert eventually(lambda: p.deletes == 1)  # consumed, then released once
+        assert eventually(lambda: rt.in_flight == 0)
+        del held
+        t = rt.from_dlpack(np.ones(4), device="cpu:1")  # the runtime goes on
+        assert t.is_copy
+
+
+def test_wait_for_timeout_cancels_the_import():
+    with dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=4096) as rt:
+        held = rt.from_dlpack(np.zeros(4096, dtype=np.uint8), device="cpu:1")
+        p = CountingProducer(np.arange(16, dtype=np.float32))
+
+        async def main():
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(rt.import_dlpack(p, device="cpu:1"), 0.05)
+
+        asyncio.run(main())
+        assert eventually(lambda: p.deletes == 1 and rt.in_flight == 0)
+        del held
+
+
+def test_refusals_raise_at_the_await_and_leave_the_producer_untouched(rt):
+    p = CountingProducer(np.arange(6.0).reshape(2, 3).T)
+
+    async def main():
+        with pytest.raises(BufferError, match="copy") as e:
+            await rt.import_dlpack(p, copy=False, require_contiguous=True)
+        assert e.value.consumed is False and e.value.rule == "copy"
+        assert e.value.copy_reasons == "contiguity"
+
+    asyncio.run(main())
+    import gc
+    gc.collect()
+    assert p.exports == 1 and p.deletes == 1  # by its capsule, never taken
+
+
+def test_batches_complete_together_and_refuse_together(rt):
+    good = [CountingProducer(np.arange(i + 1, dtype=np.int32)) for i in range(5)]
+    big = CountingProducer(np.zeros(8, dtype=np.float32), version=(2, 0))
+
+    async def main():
+        ts = await rt.import_batch(good, device="cuda:0")
+        assert [t.shape for t in ts] == [(i + 1,) for i in range(5)]
+        with pytest.raises(BufferError, match="version") as e:
+            await rt.import_batch([good[0], big, good[1]], device="cpu:1")
+        assert e.value.consumed is False
+        mixed = await rt.import_batch(good[:2], device="cpu:1", return_exceptions=True)
+        assert all(isinstance(t, dlasync.Tensor) for t in mixed)
+        return ts
+
+    ts = asyncio.run(main())
+    assert eventually(lambda: all(p.deletes == p.exports for p in good))
+    back = rt.from_dlpack(ts[4], device="cpu")
+    np.testing.assert_array_equal(np.from_dlpack(back), np.arange(5, dtype=np.int32))
+
+
+def test_a_batch_reports_members_with_return_exceptions():
+    with dlasync.Runtime(cuda="off", host_devices=2) as rt:
+        async def main():
+            ok = np.arange(4.0)
+            return await rt.import_batch([ok, ok[::-1]], device="cpu:1",
+                                         return_exceptions=True, copy=True)
+
+        out = asyncio.run(main())
+        assert [type(t) for t in out] == [dlasync.Tensor, dlasync.Tensor]
+
+
+def test_imports_from_several_loops_in_threads(rt):
+    import threading
+    errors = []
+
+    def worker(n):
+        try:
+            async def main():
+                ts = await asyncio.gather(*[
+                    rt.import_dlpack(np.full(64, n, dtype=np.int16), device="cpu:1")
+                    for _ in range(50)])
+                assert all(np.from_dlpack(t)[0] == n for t in ts)
+            asyncio.run(main())
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def run_python(code):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(__file__)] + [p for p in sys.path if p])
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_interpreter_exit_with_imports_in_flight():
+    # The loop is abandoned with imports waiting for budget and running:
+    # exit shuts the runtime down, every producer is released once, and the
+    # process ends cleanly.
+    r = run_python("""
+        import asyncio, atexit, numpy as np
+        from dlpack_producer import CountingProducer, double_deletes
+        producers = []
+        def report():
+            print("deletes", sum(p.deletes for p in producers), "of",
+                  sum(p.exports for p in producers), "double", len(double_deletes))
+        atexit.register(report)   # registered first: runs after dlasync's hook
+        import dlasync
+        rt = dlasync.Runtime(cuda="sim:1", host_devices=2, copy_memory_budget=1 << 20)
+        held = rt.from_dlpack(np.zeros(1 << 20, dtype=np.uint8), device="cpu:1")
+        async def main():
+            for i in range(50):
+                p = CountingProducer(np.full(1 << 12, i, dtype=np.float32))
+                producers.append(p)
+                asyncio.ensure_future(rt.import_dlpack(p, device="cpu:1" if i % 2 else "cuda:0"))
+            await asyncio.sleep(0.01)
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(main())
+        print("in flight", rt.in_flight > 0)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "in flight True" in r.stdout
+    assert "deletes 50 of 50 double 0" in r.stdout, r.stdout + r.stderr
+
+
+def test_interpreter_exit_with_views_alive():
+    r = run_python("""
+        import numpy as np, dlasync
+        rt = dlasync.Runtime(cuda="sim:1")
+        keep = [rt.from_dlpack(np.arange(100.0)) for _ in range(10)]
+        gpu = rt.from_dlpack(np.arange(100.0), device="cuda:0")
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
