@@ -160,6 +160,18 @@ import_options py_runtime::options_of(const import_args& a) const {
   return o;
 }
 
+taken_source py_runtime::take(py::handle x, const import_args& a, import_options& options) {
+  if (a.stream.is_none() && !py::isinstance<py_tensor>(x) && PyCapsule_CheckExact(x.ptr()) == 0) {
+    if (const exchange_api* api = exchange_api_of(x)) {
+      taken_source taken = take_exchange(x, *api);
+      options.stream = taken.producer_stream;
+      return taken;
+    }
+  }
+  options.stream = producer_stream(x, a);
+  return take_source(x, options.stream);
+}
+
 std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const import_args& a) {
   if (!a.stream.is_none()) {
     if (!py::isinstance<py::int_>(a.stream)) {
@@ -189,9 +201,8 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
 
 py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const import_args& a) {
   import_options options = options_of(a);
-  options.stream = producer_stream(x, a);
   runtime& rt = get();
-  taken_source taken = take_source(x, options.stream);
+  taken_source taken = take(x, a, options);
   if (is_plain_view(rt, taken.source, options)) {
     // A view needs no other thread: made here, at once.
     absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
@@ -225,9 +236,8 @@ std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handl
                                                       std::shared_ptr<loop_bridge> bridge,
                                                       py::handle future) {
   import_options options = options_of(a);
-  options.stream = producer_stream(x, a);
   runtime& rt = get();
-  taken_source taken = take_source(x, options.stream);
+  taken_source taken = take(x, a, options);
   auto call = std::make_shared<import_call>();
   if (is_plain_view(rt, taken.source, options)) {
     // A view is made at once: the future is resolved before the first await.
@@ -256,18 +266,19 @@ std::shared_ptr<import_call> py_runtime::start_batch(py::object self, const py::
   import_options options = options_of(a);
   std::vector<taken_source> taken;
   taken.reserve(py::len(xs));
-  std::optional<std::int64_t> stream;
+  // One options for the whole batch: its members must follow the same
+  // producer stream, or none.
   for (py::handle x : xs) {
-    std::optional<std::int64_t> s = producer_stream(x, a);
-    if (s && stream && *s != *stream) {
+    import_options member = options;
+    taken.push_back(take(x, a, member));
+    if (taken.size() == 1) {
+      options.stream = member.stream;
+    } else if (member.stream != options.stream) {
       throw py::value_error(
-          "a batch follows one producer stream, and these tensors live on different GPUs; "
-          "import each GPU's tensors in a batch of their own");
+          "a batch follows one producer stream (or none), and its members differ: host and GPU "
+          "tensors, or GPUs with different streams; import them in batches of their own");
     }
-    if (s) stream = s;
   }
-  options.stream = stream;
-  for (py::handle x : xs) taken.push_back(take_source(x, stream));
   std::vector<managed_tensor> sources;
   sources.reserve(taken.size());
   for (taken_source& t : taken) sources.push_back(std::move(t.source));

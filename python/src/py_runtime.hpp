@@ -78,6 +78,9 @@ class py_runtime {
   pybind11::object import_taken(const pybind11::object& self, taken_source& taken,
                                 const import_options& options);
   import_options options_of(const import_args& a) const;
+  // Takes `x`'s tensor (through its type's exchange API when it has one and
+  // the caller named no stream) and sets options.stream to what it follows.
+  taken_source take(pybind11::handle x, const import_args& a, import_options& options);
   // The stream to pass to `x.__dlpack__`, and to follow.
   std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);
 

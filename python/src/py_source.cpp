@@ -205,6 +205,72 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
   return from_capsule(std::move(capsule));
 }
 
+const exchange_api* exchange_api_of(py::handle obj) {
+  static auto* by_type = new py::dict();  // type -> int (the table) or None
+  py::handle type = py::type::handle_of(obj);
+  if (by_type->contains(type)) {
+    py::object known = (*by_type)[type];
+    return known.is_none() ? nullptr
+                           : reinterpret_cast<const exchange_api*>(known.cast<std::uintptr_t>());
+  }
+  const exchange_api* api = nullptr;
+  py::object attr = py::getattr(type, "__dlpack_c_exchange_api__", py::none());
+  const exchange_api_header* header = nullptr;
+  if (PyCapsule_CheckExact(attr.ptr()) != 0) {
+    header = static_cast<const exchange_api_header*>(
+        PyCapsule_GetPointer(attr.ptr(), "dlpack_exchange_api"));
+    if (header == nullptr) PyErr_Clear();  // misnamed: the protocol's way instead
+  } else if (py::isinstance<py::int_>(attr)) {
+    header = reinterpret_cast<const exchange_api_header*>(attr.cast<std::uintptr_t>());
+  }
+  // A newer major version may chain an older one that dlasync speaks.
+  for (int hops = 0; header != nullptr && hops < 16; ++hops, header = header->prev_api) {
+    if (header->version.major == dlpack_major_version) {
+      const auto* candidate = reinterpret_cast<const exchange_api*>(header);
+      if (candidate->managed_tensor_from_py_object_no_sync != nullptr &&
+          candidate->current_work_stream != nullptr) {
+        api = candidate;
+      }
+      break;
+    }
+  }
+  (*by_type)[type] =
+      api == nullptr ? py::object(py::none()) : py::int_(reinterpret_cast<std::uintptr_t>(api));
+  return api;
+}
+
+taken_source take_exchange(py::handle obj, const exchange_api& api) {
+  DLManagedTensorVersioned* out = nullptr;
+  if (api.managed_tensor_from_py_object_no_sync(obj.ptr(), &out) != 0) {
+    throw py::error_already_set();
+  }
+  if (out == nullptr) {
+    throw py::buffer_error(
+        absl::StrCat("the DLPack exchange API of ",
+                     std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
+                     " returned no tensor and no error"));
+  }
+  released_tensor inner;
+  inner.versioned = out;
+  taken_source s;
+  s.source = wrap(inner);
+  s.capsule = py::none();
+  if (out->version.major == dlpack_major_version) {
+    const DLDevice dev = out->dl_tensor.device;
+    const auto kind = static_cast<device_kind>(dev.device_type);
+    if (kind == device_kind::cuda || kind == device_kind::cuda_managed) {
+      void* stream = nullptr;
+      if (api.current_work_stream(dev.device_type, dev.device_id, &stream) != 0) {
+        throw py::error_already_set();  // `s` gives the tensor back to its deleter
+      }
+      // A null stream is the legacy default stream, which DLPack writes as 1.
+      s.producer_stream =
+          stream == nullptr ? stream_legacy_default : reinterpret_cast<std::int64_t>(stream);
+    }
+  }
+  return s;
+}
+
 py::capsule export_capsule(const tensor& t, bool versioned) {
   if (versioned) {
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();

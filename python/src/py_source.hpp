@@ -30,8 +30,11 @@ namespace dlasync::python {
 
 struct taken_source {
   managed_tensor source;
-  pybind11::object capsule;  // None for dlasync's own tensors
+  pybind11::object capsule;  // None for dlasync's own tensors and the exchange API
   const char* used_name = nullptr;
+  // From the exchange API: the producer's current work stream on its GPU
+  // (DLPack encoding), which the import follows.
+  std::optional<std::int64_t> producer_stream;
 
   taken_source() = default;
   taken_source(taken_source&&) noexcept = default;
@@ -51,6 +54,35 @@ std::optional<std::pair<int, int>> dlpack_device_of(pybind11::handle obj);
 // `__dlpack__`, TypeError or BufferError for a capsule that is not a DLPack
 // tensor or was consumed already, and what the producer raises.
 taken_source take_source(pybind11::handle obj, std::optional<std::int64_t> stream);
+
+// DLPack 1.3's C exchange API (dlpack.h's DLPackExchangeAPI), declared
+// here because the dlpack.h found at build time may predate it. A producer
+// type offers it as `__dlpack_c_exchange_api__`, a capsule named
+// "dlpack_exchange_api" (or an int holding the pointer); the table lives
+// for the whole process.
+struct exchange_api_header {
+  DLPackVersion version;
+  exchange_api_header* prev_api;
+};
+struct exchange_api {
+  exchange_api_header header;
+  void* managed_tensor_allocator;
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out);
+  void* managed_tensor_to_py_object_no_sync;
+  void* dltensor_from_py_object_no_sync;
+  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id,
+                             void** out_current_stream);
+};
+
+// The exchange API of `obj`'s type when it offers one dlasync can use (major
+// version 1, found directly or through prev_api), else nullptr. Looked up
+// once a type.
+const exchange_api* exchange_api_of(pybind11::handle obj);
+
+// Takes `obj`'s tensor through `api`: no Python call, and the producer's
+// current work stream for a GPU tensor. A tensor the import refuses is
+// given back to the producer's deleter at settle(), as no capsule holds it.
+taken_source take_exchange(pybind11::handle obj, const exchange_api& api);
 
 // A new capsule holding `t` exported as DLPack: versioned
 // ("dltensor_versioned") when `versioned`, else legacy ("dltensor"). The

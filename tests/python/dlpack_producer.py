@@ -200,3 +200,76 @@ class Wrapping:
             self.deletes += 1
             inner_deleter(addr)
         return _make_capsule(m, False, (wrapped,), counted)
+
+
+# DLPack 1.3's C exchange API (dlpack.h's DLPackExchangeAPI), for a producer
+# type that offers it as __dlpack_c_exchange_api__.
+class DLPackExchangeAPIHeader(Structure):
+    _fields_ = [("version", DLPackVersion), ("prev_api", c_void_p)]
+
+
+FROM_PY = CFUNCTYPE(ctypes.c_int, c_void_p, POINTER(c_void_p))
+CURRENT_STREAM = CFUNCTYPE(ctypes.c_int, c_int32, c_int32, POINTER(c_void_p))
+
+
+class DLPackExchangeAPI(Structure):
+    _fields_ = [("header", DLPackExchangeAPIHeader), ("managed_tensor_allocator", c_void_p),
+                ("managed_tensor_from_py_object_no_sync", FROM_PY),
+                ("managed_tensor_to_py_object_no_sync", c_void_p),
+                ("dltensor_from_py_object_no_sync", c_void_p),
+                ("current_work_stream", CURRENT_STREAM)]
+
+
+exchange_calls = {"from_py": 0, "streams": []}
+
+
+def _exchange_from_py(obj_ptr, out):
+    producer = ctypes.cast(obj_ptr, py_object).value
+    out[0] = producer._export_versioned()
+    exchange_calls["from_py"] += 1
+    return 0
+
+
+def _exchange_stream(device_type, device_id, out):
+    exchange_calls["streams"].append((device_type, device_id))
+    out[0] = None  # the legacy default stream
+    return 0
+
+
+_FROM_PY = FROM_PY(_exchange_from_py)
+_CURRENT_STREAM = CURRENT_STREAM(_exchange_stream)
+_EXCHANGE_NAME = ctypes.create_string_buffer(b"dlpack_exchange_api")
+_tables = []
+
+
+def exchange_table(major=1, prev=None):
+    api = DLPackExchangeAPI()
+    api.header.version = DLPackVersion(major, 3)
+    api.header.prev_api = None if prev is None else ctypes.addressof(prev)
+    api.managed_tensor_from_py_object_no_sync = _FROM_PY
+    api.current_work_stream = _CURRENT_STREAM
+    _tables.append(api)  # the table lives for the process, as the protocol says
+    return api
+
+
+def exchange_producer_type(api):
+    """A CountingProducer type whose instances are exported through `api`;
+    its __dlpack__ still works, and counts its calls."""
+    capsule = _api.PyCapsule_New(ctypes.addressof(api), ctypes.cast(_EXCHANGE_NAME, c_char_p),
+                                 None)
+
+    class ExchangeProducer(CountingProducer):
+        __dlpack_c_exchange_api__ = capsule
+
+        def _export_versioned(self):
+            cap = CountingProducer.__dlpack__(self, max_version=(1, 3))
+            addr = _api.PyCapsule_GetPointer(cap, ctypes.cast(_NAMES[True], c_char_p))
+            _api.PyCapsule_SetName(cap, ctypes.cast(_USED[True], c_char_p))
+            return addr
+
+        def __dlpack__(self, **kw):
+            self.dlpack_calls += 1
+            return CountingProducer.__dlpack__(self, **kw)
+
+    ExchangeProducer.dlpack_calls = 0
+    return ExchangeProducer
