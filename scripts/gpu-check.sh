@@ -3,7 +3,9 @@
 # builds for sm_90, runs the [gpu] tests, the examples on the GPU (the
 # pipeline, and the server under the load client), the GPU benchmarks and the
 # Python frameworks' transfers where they are installed
-# (bench/frameworks_gpu.py), and prints the benchmark's ratio table last.
+# (bench/frameworks_gpu.py), builds the Python module for this machine's
+# Python when it has pybind11 and runs its tests (the GPU frameworks' among
+# them) and its GPU benchmark, and prints the benchmark's ratio table last.
 # Dependencies come from the system or from .gpu-deps
 # (scripts/fetch-gpu-deps.sh, carried along).
 #
@@ -22,11 +24,22 @@ fi
 cxx=$(command -v g++-12 || command -v g++)
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 
+# The Python module, for the python3 on PATH, when it has pybind11 (pip's).
+py=$(command -v python3 || true)
+pybind11_dir=""
+[ -n "$py" ] && pybind11_dir=$("$py" -m pybind11 --cmakedir 2>/dev/null || true)
+if [ -n "$pybind11_dir" ]; then
+  args+=(-DDLASYNC_BUILD_PYTHON=ON -DPYTHON_EXECUTABLE="$py" -Dpybind11_DIR="$pybind11_dir")
+else
+  args+=(-DDLASYNC_BUILD_PYTHON=OFF)
+fi
+
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90 -DDLASYNC_WITH_CUDA=ON \
   -DDLASYNC_BUILD_TESTS=ON -DDLASYNC_BUILD_BENCH=ON -DDLASYNC_BUILD_EXAMPLES=ON "${args[@]}"
 cmake --build build-gpu --parallel "$(nproc)" --target dlasync_gpu_tests dlasync_bench_gpu \
   dlasync_pipeline dlasync_server dlasync_load
+[ -n "$pybind11_dir" ] && cmake --build build-gpu --parallel "$(nproc)" --target dlasync_python
 
 status=0
 echo "== [gpu] tests"
@@ -43,6 +56,19 @@ echo "== the frameworks on this machine (PyTorch, CuPy, JAX where installed)"
 if command -v python3 >/dev/null; then
   timeout 150 python3 bench/frameworks_gpu.py --max-bytes "$max_bytes" \
     --dlasync-csv build-gpu/bench-gpu.csv || echo "frameworks_gpu.py failed"
+fi
+echo "== the Python module on this machine's Python"
+if [ -n "$pybind11_dir" ]; then
+  if "$py" -c "import pytest" 2>/dev/null; then
+    PYTHONPATH=build-gpu/python timeout 150 "$py" -m pytest -q -p no:cacheprovider \
+      tests/python/test_gpu_frameworks.py || status=$?
+  else
+    PYTHONPATH=build-gpu/python timeout 90 "$py" tests/python/test_gpu_frameworks.py || status=$?
+  fi
+  PYTHONPATH=build-gpu/python timeout 120 "$py" bench/python/bench_gpu_python.py \
+    --max-bytes "$(( max_bytes < (256 << 20) ? max_bytes : (256 << 20) ))" || status=$?
+else
+  echo "skipped: no pybind11 for $py"
 fi
 echo "== [gpu] tests exit status: $status"
 sed -n '/GPU ratio table/,$p;/^skipped/p' build-gpu/bench-gpu.log

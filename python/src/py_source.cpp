@@ -206,12 +206,13 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
 }
 
 const exchange_api* exchange_api_of(py::handle obj) {
-  static auto* by_type = new py::dict();  // type -> int (the table) or None
+  static auto* by_type = new py::dict();  // type -> capsule of the table, or None
   py::handle type = py::type::handle_of(obj);
   if (by_type->contains(type)) {
     py::object known = (*by_type)[type];
     return known.is_none() ? nullptr
-                           : reinterpret_cast<const exchange_api*>(known.cast<std::uintptr_t>());
+                           : static_cast<const exchange_api*>(
+                                 py::reinterpret_borrow<py::capsule>(known).get_pointer());
   }
   const exchange_api* api = nullptr;
   py::object attr = py::getattr(type, "__dlpack_c_exchange_api__", py::none());
@@ -221,6 +222,8 @@ const exchange_api* exchange_api_of(py::handle obj) {
         PyCapsule_GetPointer(attr.ptr(), "dlpack_exchange_api"));
     if (header == nullptr) PyErr_Clear();  // misnamed: the protocol's way instead
   } else if (py::isinstance<py::int_>(attr)) {
+    // The protocol's other form: the table's address as an int.
+    // NOLINTNEXTLINE(performance-no-int-to-ptr)
     header = reinterpret_cast<const exchange_api_header*>(attr.cast<std::uintptr_t>());
   }
   // A newer major version may chain an older one that dlasync speaks.
@@ -234,8 +237,8 @@ const exchange_api* exchange_api_of(py::handle obj) {
       break;
     }
   }
-  (*by_type)[type] =
-      api == nullptr ? py::object(py::none()) : py::int_(reinterpret_cast<std::uintptr_t>(api));
+  (*by_type)[type] = api == nullptr ? py::object(py::none())
+                                    : py::object(py::capsule(const_cast<exchange_api*>(api)));
   return api;
 }
 

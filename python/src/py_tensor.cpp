@@ -26,6 +26,19 @@ bool is_simulated(const py_tensor& t) {
   return t.owner.cast<py_runtime&>().get().is_simulated(t.value.device());
 }
 
+bool has_negative_stride(const tensor& t) {
+  for (std::int32_t d = 0; d < t.ndim(); ++d) {
+    if (t.strides()[d] < 0 && t.shape()[d] > 1) return true;
+  }
+  return false;
+}
+
+std::string strides_text(const tensor& t) {
+  std::string out;
+  for (std::int64_t s : t.strides()) absl::StrAppend(&out, out.empty() ? "" : ", ", s);
+  return out;
+}
+
 // Tensor.__dlpack__ as the Python array API specifies it.
 py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::object& max_version,
                    const py::object& dl_device, const py::object& copy) {
@@ -72,6 +85,13 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
           "dlasync reads as device memory: import it with dlasync, or copy it to the host"));
     }
     return export_capsule(c.value, versioned);
+  }
+  if (has_negative_stride(t)) {
+    throw py::buffer_error(absl::StrCat(
+        "this ", own.name(), " tensor has negative strides (", strides_text(t),
+        "); dlasync does not export them: PyTorch aborts the process on them rather than "
+        "raising. Import it with require_writable=True or require_contiguous=True for a "
+        "compact copy, or export it with __dlpack__(copy=True)"));
   }
   if (is_simulated(self)) {
     throw py::buffer_error(absl::StrCat(

@@ -98,13 +98,18 @@ def test_layouts_made_contiguous(rt, layout):
     np.testing.assert_array_equal(np.from_dlpack(rt.from_dlpack(t, device="cpu:1")), a)
 
 
-def test_negative_strides_are_read_only_views_that_are_never_exported_as_writable(rt):
+def test_negative_strides_are_read_only_views_that_are_exported_only_as_copies(rt):
     a = np.arange(10.0)[::-1]
     t = rt.from_dlpack(a)
     assert t.is_view and t.read_only and t.strides == (-1,)
-    # NumPy 1.24 asks for legacy DLPack, which cannot say read-only.
-    with pytest.raises(BufferError, match="read-only"):
+    # Not exported, versioned or not: PyTorch aborts the process on them.
+    with pytest.raises(BufferError, match="negative strides"):
         np.from_dlpack(t)
+    with pytest.raises(BufferError, match="require_writable=True"):
+        t.__dlpack__(max_version=(1, 3))
+    copied = rt.from_dlpack(t.__dlpack__(copy=True))
+    assert copied.is_contiguous
+    np.testing.assert_array_equal(np.from_dlpack(copied), a)
     w = rt.from_dlpack(a, require_writable=True)
     assert w.is_copy and not w.read_only
     np.testing.assert_array_equal(np.from_dlpack(w), a)
