@@ -10,6 +10,9 @@
 #     pipeline's rate over the bound the simulated link allows);
 #   - bench/frameworks_gpu.py on a GPU: PyTorch, CuPy and JAX transfers,
 #     where they are installed;
+#   - bench/python/bench_python.py: the Python module against NumPy and
+#     PyTorch (per-call cost, strided copies up to 256 MiB), with Debian's
+#     Python;
 # and writes, for the machine name given (default: the host name):
 #   bench/results/<machine>.csv   every benchmark's median real time and rate
 #   bench/results/<machine>.txt   the programs' ratio tables
@@ -24,9 +27,11 @@ cd "$(dirname "$0")/.."
 machine=${1:-$(hostname -s)}
 max_bytes=${DLASYNC_BENCH_MAX_BYTES:-1073741824}
 
-bash scripts/install-deps.sh libtorch-dev gnuplot-nox
+bash scripts/install-deps.sh libtorch-dev gnuplot-nox pybind11-dev python3-dev python3-numpy \
+  python3-torch
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
-  -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF -DDLASYNC_BUILD_BENCH=ON >/dev/null
+  -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF -DDLASYNC_BUILD_BENCH=ON \
+  -DDLASYNC_BUILD_PYTHON=ON -DPYTHON_EXECUTABLE=/usr/bin/python3 >/dev/null
 cmake --build build-bench --parallel "$(nproc)"
 
 work=build-bench/results
@@ -50,6 +55,11 @@ if [ -x build-bench/bench/dlasync_bench_torch ]; then
 else
   echo "== torch: not built (libtorch not found)"
 fi
+echo "== python"
+python_max=$(( max_bytes < (256 << 20) ? max_bytes : (256 << 20) ))
+PYTHONPATH=build-bench/python /usr/bin/python3 bench/python/bench_python.py \
+  --max-bytes "$python_max" >"$work/python.log" 2>&1 ||
+  { tail -20 "$work/python.log"; echo "python failed"; exit 1; }
 gpu_label=gpu
 if nvidia-smi -L >/dev/null 2>&1; then
   DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=1073741824 run gpu build-bench/bench/dlasync_bench_gpu
@@ -85,6 +95,10 @@ fi
     echo
     sed -n '/ratio table/,$p;/^skipped/p' "$work/$name.log"
   done
+  if [ -f "$work/python.log" ]; then
+    echo
+    cat "$work/python.log"
+  fi
   if [ -f "$work/frameworks.log" ]; then
     echo
     cat "$work/frameworks.log"

@@ -124,3 +124,33 @@ def test_the_runtime_is_released_when_its_last_tensor_goes():
     assert ref() is not None  # the tensor keeps it
     del t
     assert ref() is None
+
+
+def test_ctrl_c_interrupts_a_synchronous_wait_and_the_import_still_releases_its_source():
+    from test_asyncio import run_python
+    r = run_python("""
+        import os, signal, threading, time, numpy as np, dlasync
+        from dlpack_producer import CountingProducer
+        rt = dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=1 << 20)
+        held = rt.from_dlpack(np.zeros(1 << 20, dtype=np.uint8), device="cpu:1")
+        p = CountingProducer(np.arange(1024, dtype=np.float32))
+        threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            rt.from_dlpack(p, device="cpu:1")   # waits for budget
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.monotonic() - t0, 1), "s")
+        print("deletes before", p.deletes)
+        del held                              # the abandoned import goes on
+        deadline = time.monotonic() + 10
+        while p.deletes == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print("deletes after", p.deletes, "in flight", rt.in_flight)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "interrupted after" in r.stdout, r.stdout
+    seconds = float(r.stdout.split("interrupted after ")[1].split(" s")[0])
+    assert seconds < 1.0
+    assert "deletes before 0" in r.stdout
+    assert "deletes after 1 in flight 0" in r.stdout, r.stdout

@@ -63,6 +63,14 @@ def test_bool_from_a_producer_that_exports_it(rt):
         rt.from_dlpack(a)
 
 
+@pytest.mark.parametrize("dtype", ["longdouble", "clongdouble", "datetime64[s]", "object",
+                                   "U3", "V8"])
+def test_numpy_dtypes_dlpack_cannot_carry_are_refused_by_numpy(rt, dtype):
+    a = np.zeros(3, dtype=dtype)
+    with pytest.raises((BufferError, TypeError)):
+        rt.from_dlpack(a)
+
+
 LAYOUTS = {
     "slice": lambda a: a[::2, 1:],
     "transpose": lambda a: a.T,

@@ -121,6 +121,18 @@ def test_bool_tensors_from_a_producer_that_exports_them(rt):
     assert p.deletes == 1
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_torch_dtypes_dlpack_cannot_carry_are_refused_by_one_side(rt):
+    # complex32 is DLPack complex of 32 bits, which DLPack does not allow:
+    # dlasync refuses it before taking it; bool PyTorch 1.13 refuses itself.
+    x = torch.zeros(4, dtype=torch.complex32)
+    with pytest.raises(BufferError, match="complex") as e:
+        rt.from_dlpack(x)
+    assert e.value.rule == "dtype" and not e.value.consumed
+    with pytest.raises((BufferError, RuntimeError, TypeError)):
+        rt.from_dlpack(torch.zeros(4, dtype=torch.bool))
+
+
 def test_read_only_flag_from_a_versioned_producer(rt):
     a = np.arange(6, dtype=np.float32)
     p = CountingProducer(a, flags=READ_ONLY)
