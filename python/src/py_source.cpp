@@ -152,8 +152,14 @@ void taken_source::settle() {
 std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
   if (!py::hasattr(obj, "__dlpack_device__")) return std::nullopt;
   py::object d = obj.attr("__dlpack_device__")();
-  auto pair = d.cast<std::pair<int, int>>();
-  return pair;
+  try {
+    return d.cast<std::pair<int, int>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(absl::StrCat(
+        "__dlpack_device__ of a ", std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
+        " returned ", std::string(py::repr(d)),
+        "; the protocol asks for a (device_type, device_id) tuple of ints"));
+  }
 }
 
 taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {

@@ -114,3 +114,23 @@ def test_export_to_another_device_or_as_a_copy(rt):
     np.testing.assert_array_equal(np.from_dlpack(c), a)
     moved = rt.from_dlpack(t.__dlpack__(max_version=(1, 3), dl_device=(1, 1)))
     assert moved.device == "cpu:1"
+
+
+def test_a_malformed_dlpack_device_is_a_type_error(rt):
+    class Odd(CountingProducer):
+        def __dlpack_device__(self):
+            return ("cuda", 0)
+
+    p = Odd(np.arange(3.0))
+    with pytest.raises(TypeError, match=r"\('cuda', 0\)"):
+        rt.from_dlpack(p)
+    assert p.exports == 0  # never asked for its tensor
+
+
+def test_an_empty_batch_is_an_empty_list(rt):
+    import asyncio
+
+    async def main():
+        return await rt.import_batch([])
+
+    assert asyncio.run(main()) == []
