@@ -7,9 +7,9 @@ if(NOT DEFINED PYTHON_EXECUTABLE AND EXISTS /usr/bin/python3)
   set(PYTHON_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The Python the module is built for")
 endif()
 set(dlasync_python_default OFF)
-# Sanitized builds would need the sanitizer runtime preloaded into the
-# interpreter: the module is built in plain builds only, by default.
-if(PROJECT_IS_TOP_LEVEL AND NOT DLASYNC_FUZZ AND DLASYNC_SANITIZE STREQUAL "")
+# In sanitized builds the tests preload the sanitizer's runtime into the
+# interpreter, which is not instrumented (python/CMakeLists.txt).
+if(PROJECT_IS_TOP_LEVEL AND NOT DLASYNC_FUZZ)
   find_package(pybind11 2.10 CONFIG QUIET)
   if(pybind11_FOUND)
     set(dlasync_python_default ON)
