@@ -7,12 +7,14 @@
 
 namespace dlasync::detail {
 
-std::shared_ptr<batch_operation> start_batch(runtime& rt, std::span<managed_tensor> sources,
-                                             const import_options& options,
-                                             absl::AnyInvocable<void(batch_result) &&> done) {
-  auto op = std::make_shared<batch_operation>(rt, sources.size(), std::move(done));
+std::shared_ptr<batch_operation> make_batch(runtime& rt, std::size_t members,
+                                            absl::AnyInvocable<void(batch_result) &&> done) {
+  return std::make_shared<batch_operation>(rt, members, std::move(done));
+}
+
+void start(const std::shared_ptr<batch_operation>& op, std::span<managed_tensor> sources,
+           const import_options& options) {
   op->start(sources, options);
-  return op;
 }
 
 void cancel(batch_operation& op) {

@@ -75,11 +75,14 @@ void cancel(import_operation& op);
 // A batch: validated together (nothing is consumed when one member is
 // refused for the budget), its copies' budget reserved at once, each member
 // then started on its own; `done` runs once when all have finished, with
-// one result per member in order.
+// one result per member in order. Made, then started, so that the caller's
+// cancellation slot is assigned before the batch can complete (the handler
+// clears the slot on its own executor, maybe another thread).
 class batch_operation;
-std::shared_ptr<batch_operation> start_batch(runtime& rt, std::span<managed_tensor> sources,
-                                             const import_options& options,
-                                             absl::AnyInvocable<void(batch_result) &&> done);
+std::shared_ptr<batch_operation> make_batch(runtime& rt, std::size_t members,
+                                            absl::AnyInvocable<void(batch_result) &&> done);
+void start(const std::shared_ptr<batch_operation>& op, std::span<managed_tensor> sources,
+           const import_options& options);
 void cancel(batch_operation& op);
 
 // The cancellation types an import honours once started: terminal and
@@ -133,8 +136,9 @@ struct initiate_batch {
     auto h = std::forward<Handler>(handler);
     auto slot = asio::get_associated_cancellation_slot(h);
     std::shared_ptr<batch_operation> op =
-        start_batch(*rt, sources, options, deliver_to<batch_result>(std::move(h), *rt));
-    if (op) assign_cancellation(slot, op);
+        make_batch(*rt, sources.size(), deliver_to<batch_result>(std::move(h), *rt));
+    assign_cancellation(slot, op);
+    start(op, sources, options);
   }
 };
 
