@@ -31,6 +31,16 @@ def _bridge(loop):
     return bridge
 
 
+async def _completion(future, call):
+    """Awaits an import's future; cancelling the awaiting task cancels the
+    import."""
+    try:
+        return await future
+    except _asyncio.CancelledError:
+        call.cancel()
+        raise
+
+
 class Runtime(_core.Runtime):
     __doc__ = _core.Runtime.__doc__
 
@@ -48,11 +58,7 @@ class Runtime(_core.Runtime):
         call = self._start_import(x, _bridge(loop), future, device=device, copy=copy,
                                   stream=stream, require_contiguous=require_contiguous,
                                   require_writable=require_writable)
-        try:
-            return await future
-        except _asyncio.CancelledError:
-            call.cancel()
-            raise
+        return await _completion(future, call)
 
     async def import_batch(self, xs, /, *, device=None, copy=None, stream=None,
                            require_contiguous=False, require_writable=False,
@@ -68,11 +74,7 @@ class Runtime(_core.Runtime):
                                  device=device, copy=copy, stream=stream,
                                  require_contiguous=require_contiguous,
                                  require_writable=require_writable)
-        try:
-            return await future
-        except _asyncio.CancelledError:
-            call.cancel()
-            raise
+        return await _completion(future, call)
 
     def __enter__(self):
         return self

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -68,6 +69,24 @@ struct gate {
   void open() { opened.set_value(); }
   void block() const { wait_for.wait_for(std::chrono::seconds(240)); }
 };
+
+// Starts a batch of `count` tensors of `source` (their deleters counted in
+// `counts`) with a callback bound to `signal`'s slot; the future holds the
+// results.
+std::future<std::vector<absl::StatusOr<tensor>>> start_cancellable_batch(
+    runtime& rt, const host_source& source, std::vector<deleter_count>& counts,
+    std::vector<managed_tensor>& sources, const import_options& options,
+    asio::cancellation_signal& signal) {
+  for (deleter_count& c : counts) sources.push_back(make_tensor(source.spec, c));
+  auto got = std::make_shared<std::promise<std::vector<absl::StatusOr<tensor>>>>();
+  std::future<std::vector<absl::StatusOr<tensor>>> result = got->get_future();
+  async_import_dlpack_batch(
+      rt, sources, options,
+      asio::bind_cancellation_slot(signal.slot(), [got](std::vector<absl::StatusOr<tensor>> r) {
+        got->set_value(std::move(r));
+      }));
+  return result;
+}
 
 }  // namespace
 
@@ -144,17 +163,11 @@ TEST_CASE("cancelling a batch that waits for its budget releases every member",
   host_source small(8 * kib);
   std::vector<deleter_count> counts(2);
   std::vector<managed_tensor> sources;
-  for (deleter_count& c : counts) sources.push_back(make_tensor(small.spec, c));
   asio::cancellation_signal signal;
-  std::promise<std::vector<absl::StatusOr<tensor>>> got;
-  async_import_dlpack_batch(
-      *rt, sources, onto(second_cpu),
-      asio::bind_cancellation_slot(signal.slot(), [&](std::vector<absl::StatusOr<tensor>> r) {
-        got.set_value(std::move(r));
-      }));
+  auto got = start_cancellable_batch(*rt, small, counts, sources, onto(second_cpu), signal);
   CHECK(rt->copy_budget().waiting() == 1);
   signal.emit(asio::cancellation_type::terminal);
-  std::vector<absl::StatusOr<tensor>> results = got.get_future().get();
+  std::vector<absl::StatusOr<tensor>> results = got.get();
   for (const absl::StatusOr<tensor>& r : results) {
     require_status(r.status(), absl::StatusCode::kCancelled, {"waited for copy memory budget"});
   }
@@ -174,15 +187,9 @@ TEST_CASE("a batch that completes at once gets its cancellation slot before it c
   for (int round = 0; round < 20; ++round) {
     std::vector<deleter_count> counts(3);
     std::vector<managed_tensor> sources;
-    for (deleter_count& c : counts) sources.push_back(make_tensor(small.spec, c));
     asio::cancellation_signal signal;
-    std::promise<std::vector<absl::StatusOr<tensor>>> got;
-    async_import_dlpack_batch(
-        *rt, sources, {},
-        asio::bind_cancellation_slot(signal.slot(), [&](std::vector<absl::StatusOr<tensor>> r) {
-          got.set_value(std::move(r));
-        }));
-    std::vector<absl::StatusOr<tensor>> results = got.get_future().get();
+    std::vector<absl::StatusOr<tensor>> results =
+        start_cancellable_batch(*rt, small, counts, sources, {}, signal).get();
     for (const absl::StatusOr<tensor>& r : results) {
       REQUIRE(r.ok());
       CHECK(r->is_view());
