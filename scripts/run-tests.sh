@@ -8,7 +8,8 @@
 #   scripts/run-tests.sh --sanitize thread  TSan build in build-tsan/
 #
 # The Python module (python/) is built and its pytest suite run by ctest in
-# the plain build, with Debian's Python (/usr/bin/python3).
+# every build, with Debian's Python (/usr/bin/python3); in the sanitized ones
+# the sanitizer's runtime is preloaded into it.
 #
 # CUDA support is built when a CUDA toolkit is found (also at /usr/local/cuda
 # when nvcc is not on PATH); tests that need a GPU skip themselves without one.
