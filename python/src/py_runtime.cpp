@@ -36,6 +36,12 @@ std::optional<device> parse_kind(const std::string& name, int ordinal) {
   return std::nullopt;
 }
 
+// Copies up to this size start with the GIL held (about 100 us at most when
+// one runs inline, as a NumPy copy of that size holds it): giving the GIL up
+// would send the producer's deleter to the releaser, whose GIL round trip
+// costs more than such a copy. Larger ones let other Python threads run.
+constexpr std::uint64_t kHoldGilBytes = 1 << 20;
+
 // True when the import is a view that waits for nothing: then import_view
 // makes it on this thread, with no hop to another. Anything else (a copy,
 // a producer stream, a refusal) takes the asynchronous path, which decides
@@ -216,7 +222,17 @@ py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const i
 py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
                                     const import_options& options) {
   auto call = std::make_shared<import_call>();
-  async_import_dlpack(get(), taken.source, options, sync_handler(call));
+  runtime& rt = get();
+  // A copy of up to inline_copy_bytes runs here, inside the call: beyond a
+  // few microseconds' worth, other Python threads get the GIL meanwhile
+  // (the producer's deleter then runs on the releaser).
+  absl::StatusOr<import_plan> plan = plan_import(taken.source, options, rt.registry());
+  if (plan.ok() && plan->byte_size > kHoldGilBytes) {
+    py::gil_scoped_release unlocked;
+    async_import_dlpack(rt, taken.source, options, sync_handler(call));
+  } else {
+    async_import_dlpack(rt, taken.source, options, sync_handler(call));
+  }
   taken.settle();
   absl::StatusOr<tensor> t = call->wait_one();
   if (!t.ok()) raise_status(t.status());
