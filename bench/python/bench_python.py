@@ -16,6 +16,7 @@ candidate's own rate is printed beside it. A ratio above 1 means dlasync is
 faster.
 
     /usr/bin/python3 bench/python/bench_python.py [--max-bytes N] [--reps N]
+        [--inline-copy-bytes N]
 """
 import argparse
 import asyncio
@@ -139,13 +140,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--inline-copy-bytes", type=int, default=None,
+                    help="the runtime's inline_copy_bytes (default: the runtime's, 64 KiB)")
     args = ap.parse_args()
     threads = os.cpu_count() or 1
     if torch:
         torch.set_num_threads(threads)
+    inline = "default" if args.inline_copy_bytes is None else args.inline_copy_bytes
     print(f"# dlasync Python module: NumPy {np.__version__}, "
-          f"PyTorch {torch.__version__ if torch else 'absent'}, {threads} hardware threads\n")
-    with dlasync.Runtime(cuda="off", workers=threads) as rt:
+          f"PyTorch {torch.__version__ if torch else 'absent'}, {threads} hardware threads, "
+          f"inline_copy_bytes {inline}\n")
+    with dlasync.Runtime(cuda="off", workers=threads,
+                         inline_copy_bytes=args.inline_copy_bytes) as rt:
         overhead_table(rt, args.reps)
         copy_table(rt, args.reps, args.max_bytes, threads)
 
