@@ -20,6 +20,13 @@ void completion_marker::on_complete(callback fn) {
   std::move(fn)(std::move(status));
 }
 
+std::optional<absl::Status> completion_marker::on_complete_unless_done(callback& fn) {
+  std::lock_guard lock(mutex_);
+  if (done_) return status_;
+  callbacks_.push_back(std::move(fn));
+  return std::nullopt;
+}
+
 void completion_marker::complete(const absl::Status& status) {
   std::vector<callback> callbacks;
   {

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
@@ -24,6 +25,11 @@ class completion_marker {
   // Calls `fn(status)` exactly once: at once on this thread when already
   // done, else on the thread that calls `complete`.
   void on_complete(callback fn);
+
+  // Registers `fn` as on_complete does when the marker is not done yet, and
+  // returns nothing; when it is done, leaves `fn` alone and returns the
+  // status, for the caller to run `fn` where it should run.
+  std::optional<absl::Status> on_complete_unless_done(callback& fn);
 
   // Marks the marker done with `status` and runs the callbacks; only the
   // first call counts.

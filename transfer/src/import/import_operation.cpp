@@ -191,14 +191,24 @@ void import_operation::on_budget(absl::Status status) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.
     std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_));
-    copied->on_complete([self = shared_from_this()](const absl::Status&) {
+    after(copied, [self = shared_from_this()](const absl::Status&) {
       self->release_source();
       self->core_.end_operation(self->op_id_);
     });
     return;
   }
-  copied->on_complete(
-      [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+  after(copied, [self = shared_from_this()](absl::Status s) { self->on_copied(std::move(s)); });
+}
+
+void import_operation::after(const marker_ptr& m, completion_marker::callback fn) {
+  std::optional<absl::Status> done = m->on_complete_unless_done(fn);
+  if (!done) return;  // runs where the copy completes: a worker, or the reactor's hand-off
+  // Done already (a worker finished the copy before this thread got here,
+  // or it failed as it was enqueued): what follows, the source's deleter
+  // among it, runs on a worker, not on the thread that starts the import.
+  if (core_.workers().running_in_this_thread()) return std::move(fn)(*std::move(done));
+  core_.workers().post(
+      [fn = std::move(fn), status = *std::move(done)]() mutable { std::move(fn)(status); });
 }
 
 bool import_operation::caller_stream_follows(const marker_ptr& m) {

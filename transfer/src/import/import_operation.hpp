@@ -40,6 +40,8 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   bool caller_stream_follows(const marker_ptr& m);
   // Releases the source (its deleter runs): nothing may read it any more.
   void release_source();
+  // Runs `fn` when `m` completes, never on the thread that starts the import.
+  void after(const marker_ptr& m, completion_marker::callback fn);
   void on_budget(absl::Status status);
   void on_copied(absl::Status status);
   void finish(import_result result);
