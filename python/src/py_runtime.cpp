@@ -46,9 +46,8 @@ constexpr std::uint64_t kHoldGilBytes = 1 << 20;
 // makes it on this thread, with no hop to another. Anything else (a copy,
 // a producer stream, a refusal) takes the asynchronous path, which decides
 // the same way.
-bool is_plain_view(runtime& rt, const managed_tensor& source, const import_options& options) {
+bool is_plain_view(const absl::StatusOr<import_plan>& plan, const import_options& options) {
   if (options.copy.value_or(false) || options.stream) return false;
-  absl::StatusOr<import_plan> plan = plan_import(source, options, rt.registry());
   return plan.ok() && !plan->needs_copy() && !plan->needs_wait();
 }
 
@@ -209,25 +208,25 @@ py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const i
   import_options options = options_of(a);
   runtime& rt = get();
   taken_source taken = take(x, a, options);
-  if (is_plain_view(rt, taken.source, options)) {
+  const absl::StatusOr<import_plan> plan = plan_import(taken.source, options, rt.registry());
+  if (is_plain_view(plan, options)) {
     // A view needs no other thread: made here, at once.
     absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
     taken.settle();
     if (!view.ok()) raise_status(view.status());
     return py::cast(py_tensor{std::move(*view), self});
   }
-  return import_taken(self, taken, options);
+  return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
 }
 
 py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
-                                    const import_options& options) {
+                                    const import_options& options, std::uint64_t bytes) {
   auto call = std::make_shared<import_call>();
   runtime& rt = get();
   // A copy of up to inline_copy_bytes runs here, inside the call: beyond a
   // few microseconds' worth, other Python threads get the GIL meanwhile
   // (the producer's deleter then runs on the releaser).
-  absl::StatusOr<import_plan> plan = plan_import(taken.source, options, rt.registry());
-  if (plan.ok() && plan->byte_size > kHoldGilBytes) {
+  if (bytes > kHoldGilBytes) {
     py::gil_scoped_release unlocked;
     async_import_dlpack(rt, taken.source, options, sync_handler(call));
   } else {
@@ -244,7 +243,8 @@ py::object py_runtime::import_managed(const py::object& self, managed_tensor sou
   taken_source taken;
   taken.source = std::move(source);
   taken.capsule = py::none();
-  return import_taken(self, taken, options);
+  const absl::StatusOr<import_plan> plan = plan_import(taken.source, options, get().registry());
+  return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
 }
 
 std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handle x,
@@ -255,7 +255,7 @@ std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handl
   runtime& rt = get();
   taken_source taken = take(x, a, options);
   auto call = std::make_shared<import_call>();
-  if (is_plain_view(rt, taken.source, options)) {
+  if (is_plain_view(plan_import(taken.source, options, rt.registry()), options)) {
     // A view is made at once: the future is resolved before the first await.
     absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
     taken.settle();

@@ -74,9 +74,10 @@ class py_runtime {
   static void at_exit();
 
  private:
-  // The synchronous import of a taken source.
+  // The synchronous import of a taken source of `bytes` (its plan's size,
+  // 0 when refused).
   pybind11::object import_taken(const pybind11::object& self, taken_source& taken,
-                                const import_options& options);
+                                const import_options& options, std::uint64_t bytes);
   import_options options_of(const import_args& a) const;
   // Takes `x`'s tensor (through its type's exchange API when it has one and
   // the caller named no stream) and sets options.stream to what it follows.
