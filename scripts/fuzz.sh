@@ -16,10 +16,14 @@ bash scripts/install-deps.sh clang-14 libclang-rt-14-dev
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DDLASYNC_FUZZ=ON -DDLASYNC_WITH_CUDA=OFF \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build-fuzz --parallel "$(nproc)" --target dlasync_fuzz_import dlasync_fuzz_frame
+targets=(import frame)
+# The descriptor fuzzer where UCX is there (the remote component).
+if pkg-config --exists ucx; then targets+=(descriptor); fi
+cmake --build build-fuzz --parallel "$(nproc)" \
+  --target $(printf 'dlasync_fuzz_%s ' "${targets[@]}")
 
 status=0
-for target in import frame; do
+for target in "${targets[@]}"; do
   corpus=build-fuzz/corpus/$target
   mkdir -p "$corpus"
   echo "== fuzz_$target for ${seconds} s"

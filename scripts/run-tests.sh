@@ -7,6 +7,9 @@
 #   scripts/run-tests.sh --sanitize address ASan+UBSan build in build-asan/
 #   scripts/run-tests.sh --sanitize thread  TSan build in build-tsan/
 #
+# The remote component (remote/) is built with UCX, and its two-process
+# tests run over UCX's shared-memory and TCP transports on loopback.
+#
 # The Python module (python/) is built and its pytest suite run by ctest in
 # every build, with Debian's Python (/usr/bin/python3); in the sanitized ones
 # the sanitizer's runtime is preloaded into it.
@@ -27,6 +30,9 @@ done
 # The Python module's build and tests: Debian's pybind11, Python, pytest,
 # NumPy and PyTorch (about 40 s and 650 MB the first time).
 bash scripts/install-deps.sh pybind11-dev python3-dev python3-pytest python3-numpy python3-torch
+# Remote imports (remote/) and their two-process tests: UCX, with
+# ucx_perftest for the benchmarks.
+bash scripts/install-deps.sh libucx-dev ucx-utils
 
 build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = address ] && build_dir=build-asan
@@ -40,8 +46,15 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench \
   -DPYTHON_EXECUTABLE=/usr/bin/python3
 cmake --build "$build_dir" --parallel "$(nproc)"
+# ASan: LeakSanitizer's suppressions cover UCX's own leaks only.
+if [ "$sanitize" = address ]; then
+  export LSAN_OPTIONS="suppressions=$PWD/tests/lsan.supp ${LSAN_OPTIONS:-}"
+fi
 # TSan: the suppressions cover Debian's uninstrumented abseil only.
 if [ "$sanitize" = thread ]; then
   export TSAN_OPTIONS="suppressions=$PWD/tests/tsan.supp ${TSAN_OPTIONS:-}"
+  # UCX patches madvise (its memory hooks), which glibc calls as a thread
+  # exits, after TSan has let go of the thread: a crash. No hooks under TSan.
+  export UCX_MEM_MMAP_HOOK_MODE=none
 fi
 ctest --test-dir "$build_dir" --output-on-failure --parallel "$(nproc)" --timeout 300

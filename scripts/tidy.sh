@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# clang-tidy over the library's sources (runtime/, transfer/, python/), with the
+# clang-tidy over the library's sources (runtime/, transfer/, remote/, python/), with the
 # checks of .clang-tidy and warnings as errors. Configures build-tidy/ for
 # its compile commands (no build needed) and runs one clang-tidy a core.
 #
-#   scripts/tidy.sh [files...]   default: every .cpp of runtime/, transfer/ and python/
+#   scripts/tidy.sh [files...]   default: every .cpp of runtime/, transfer/, remote/ and python/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +14,7 @@ cmake -S . -B build-tidy -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=
   >/dev/null
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-  mapfile -t files < <(git ls-files 'runtime/*.cpp' 'transfer/*.cpp' 'python/*.cpp')
+  mapfile -t files < <(git ls-files 'runtime/*.cpp' 'transfer/*.cpp' 'remote/*.cpp' 'python/*.cpp')
 fi
 # g++'s warning flags are not all clang's: those unknown to clang are not
 # findings.

@@ -1,0 +1,410 @@
+// Remote imports against ucx_perftest, on the same transport and sizes, in
+// one run, interleaved repetition by repetition (the machines are shared and
+// noisy: a baseline measured at another moment is no baseline).
+//
+//   dlasync_bench_remote [--transports=shm,tcp] [--sizes=65536,...]
+//                        [--reps=5] [--bytes_per_rep=268435456] [--window=4]
+//                        [--strided]
+//
+// Per transport, this program starts itself as the exporter
+// (--serve=<transports>), which publishes one buffer per size many times
+// (views of the same memory, one importer each). Per size and repetition:
+//   - ucx_perftest (Debian's ucx-utils) runs a server and a client on
+//     loopback with UCX_TLS set the same: ucp_get over shared memory (what
+//     dlasync's RMA path does), ucp_am_bw over TCP (dlasync's active-message
+//     path), -n as many messages as dlasync imports;
+//   - dlasync imports that many tensors with `window` in flight, each its
+//     whole protocol: validation, budget, allocation, hold, bytes, release.
+// The table gives each side's rate (its median over the repetitions) and
+// the median of the per-repetition ratios with their spread; a spread
+// wider than 25 % of the median is marked "unstable".
+//
+// --strided: every-other-row tensors whose rows are 1 KiB to 256 KiB,
+// fetched run by run against as their span (remote_node_options::
+// min_run_bytes), to find where runs start to pay.
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/node.hpp"
+
+extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX's
+
+namespace {
+
+using namespace dlasync;
+using clock_type = std::chrono::steady_clock;
+
+std::string hex(std::string_view bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (char c : bytes) {
+    out += digits[static_cast<unsigned char>(c) >> 4];
+    out += digits[static_cast<unsigned char>(c) & 15];
+  }
+  return out;
+}
+
+std::string unhex(std::string_view h) {
+  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string out;
+  for (std::size_t i = 0; i + 1 < h.size(); i += 2)
+    out += static_cast<char>(v(h[i]) * 16 + v(h[i + 1]));
+  return out;
+}
+
+// ---- the exporter ----------------------------------------------------------
+
+int serve(const std::string& transports) {
+  runtime_options ro;
+  ro.worker_threads = 1;
+  ro.cuda = "off";
+  auto rt = runtime::create(ro);
+  if (!rt.ok()) return 1;
+  remote_node_options no;
+  no.transports = transports;
+  auto node = remote_node::create(**rt, no);
+  if (!node.ok()) {
+    std::cout << "error " << node.status() << std::endl;
+    return 1;
+  }
+  std::vector<std::shared_ptr<std::vector<unsigned char>>> buffers;
+  std::cout << "ready" << std::endl;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string command;
+    in >> command;
+    if (command == "publish") {
+      // publish <rows> <row bytes> <row stride bytes> <count>
+      std::int64_t rows = 0, row = 0, stride = 0, count = 0;
+      in >> rows >> row >> stride >> count;
+      auto memory = std::make_shared<std::vector<unsigned char>>(
+          static_cast<std::size_t>(rows * stride), 0x5a);
+      buffers.push_back(memory);
+      std::string out;
+      for (std::int64_t i = 0; i < count; ++i) {
+        tensor_description d;
+        d.data = memory->data();
+        d.dtype = dtypes::uint8;
+        d.shape = {rows, row};
+        d.strides = std::vector<std::int64_t>{stride, 1};
+        managed_tensor t = make_managed_tensor(std::move(d), [memory] {});
+        absl::StatusOr<remote_descriptor> r = (*node)->publish(t);
+        if (!r.ok()) {
+          std::cout << "error " << r.status() << std::endl;
+          return 1;
+        }
+        out += hex(r->encode());
+        out += '\n';
+      }
+      std::cout << out << std::flush;
+    } else if (command == "quit") {
+      break;
+    }
+  }
+  (*node)->shutdown();
+  return 0;
+}
+
+// ---- processes -------------------------------------------------------------
+
+struct child {
+  pid_t pid = -1;
+  int in = -1;
+  int out = -1;
+  std::string buffer;
+
+  std::optional<std::string> line(std::chrono::seconds timeout = std::chrono::seconds(120)) {
+    const auto until = clock_type::now() + timeout;
+    for (;;) {
+      const std::size_t nl = buffer.find('\n');
+      if (nl != std::string::npos) {
+        std::string l = buffer.substr(0, nl);
+        buffer.erase(0, nl + 1);
+        return l;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - clock_type::now()).count();
+      if (left <= 0) return std::nullopt;
+      pollfd p{out, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left)) <= 0) continue;
+      char chunk[1 << 16];
+      const ssize_t n = read(out, chunk, sizeof(chunk));
+      if (n <= 0) return std::nullopt;
+      buffer.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+  void send(const std::string& l) {
+    const std::string s = l + "\n";
+    if (write(in, s.data(), s.size()) < 0) std::perror("write");
+  }
+  int wait() {
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    pid = -1;
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    in = out = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
+
+child spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
+  std::vector<std::string> a = args;
+  std::vector<char*> argv;
+  for (std::string& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env;
+  for (char** e = ::environ; *e != nullptr; ++e) env.emplace_back(*e);
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  std::vector<char*> envp;
+  for (std::string& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  int in[2];
+  int out[2];
+  child c;
+  if (pipe(in) != 0 || pipe(out) != 0) return c;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], STDIN_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  if (posix_spawnp(&c.pid, argv[0], &fa, nullptr, argv.data(), envp.data()) != 0) c.pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  close(in[0]);
+  close(out[1]);
+  c.in = in[1];
+  c.out = out[0];
+  return c;
+}
+
+// One ucx_perftest client run against a fresh server: bytes per second, or
+// 0 when it could not run.
+double perftest(const std::string& transports, const std::string& test, std::uint64_t size,
+                std::uint64_t n, int port) {
+  const std::vector<std::string> env = {"UCX_TLS=" + transports};
+  child server = spawn({"ucx_perftest", "-p", std::to_string(port)}, env);
+  if (server.pid < 0) return 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  child client = spawn({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
+                        std::to_string(size), "-n", std::to_string(n), "-w", "2", "-f", "-v"},
+                       env);
+  double bw = 0;
+  while (std::optional<std::string> l = client.line(std::chrono::seconds(60))) {
+    // "iterations,50.0_percentile_lat,avg_lat,overall_lat,avg_bw,overall_bw,..."
+    if (l->empty() || (*l)[0] == 'i' || l->find(',') == std::string::npos) continue;
+    std::vector<std::string> cols;
+    std::stringstream ss(*l);
+    for (std::string c; std::getline(ss, c, ',');) cols.push_back(c);
+    if (cols.size() >= 6) bw = std::atof(cols[5].c_str()) * 1024.0 * 1024.0;  // MB/s, MB = 2^20
+  }
+  kill(client.pid, SIGKILL);  // done, or stuck: either way it ends here
+  client.wait();
+  kill(server.pid, SIGKILL);
+  server.wait();
+  return bw;
+}
+
+// Imports every descriptor with `window` in flight: bytes per second.
+double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, std::size_t window,
+                  std::uint64_t bytes_each, bool& failed) {
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t next = 0;
+  std::size_t done = 0;
+  std::size_t in_flight = 0;
+  const auto start = clock_type::now();
+  std::unique_lock lock(m);
+  while (done < ds.size()) {
+    while (in_flight < window && next < ds.size()) {
+      ++in_flight;
+      const remote_descriptor& d = ds[next++];
+      lock.unlock();
+      async_import_remote(node, d, {}, [&](absl::StatusOr<tensor> t) {
+        if (!t.ok()) {
+          std::cerr << "import failed: " << t.status() << "\n";
+          failed = true;
+        }
+        std::lock_guard g(m);
+        --in_flight;
+        ++done;
+        cv.notify_one();
+      });
+      lock.lock();
+    }
+    cv.wait(lock);
+  }
+  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  return static_cast<double>(bytes_each) * static_cast<double>(ds.size()) / seconds;
+}
+
+struct row_result {
+  std::vector<double> base, ours, ratio;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string size_name(std::uint64_t b) {
+  if (b >= (1u << 20)) return std::to_string(b >> 20) + " MiB";
+  if (b >= 1024) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+std::vector<std::uint64_t> parse_list(const std::string& s) {
+  std::vector<std::uint64_t> v;
+  std::stringstream ss(s);
+  for (std::string x; std::getline(ss, x, ',');) v.push_back(std::stoull(x));
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> transports = {"shm", "tcp"};
+  std::vector<std::uint64_t> sizes = {65536, 1 << 20, 16 << 20, 256 << 20};
+  int reps = 5;
+  std::uint64_t bytes_per_rep = 256ull << 20;
+  std::size_t window = 4;
+  bool strided = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> std::optional<std::string> {
+      const std::string p = std::string(name) + "=";
+      if (a.rfind(p, 0) == 0) return a.substr(p.size());
+      return std::nullopt;
+    };
+    if (auto v = value("--serve")) return serve(*v);
+    if (auto v = value("--transports")) {
+      transports.clear();
+      std::stringstream ss(*v);
+      for (std::string t; std::getline(ss, t, ',');) transports.push_back(t);
+    } else if (auto v = value("--sizes")) {
+      sizes = parse_list(*v);
+    } else if (auto v = value("--reps")) {
+      reps = std::stoi(*v);
+    } else if (auto v = value("--bytes_per_rep")) {
+      bytes_per_rep = std::stoull(*v);
+    } else if (auto v = value("--window")) {
+      window = std::stoul(*v);
+    } else if (a == "--strided") {
+      strided = true;
+    } else {
+      std::cerr << "unknown option " << a << "\n";
+      return 2;
+    }
+  }
+  const std::string self = argv[0];
+  bool failed = false;
+  int port = 13400 + static_cast<int>(getpid() % 500);
+
+  std::cout << "remote ratio table: dlasync remote imports (hold, bytes, release, each into new "
+               "budgeted host memory) against ucx_perftest on the same transport and sizes, "
+               "interleaved; medians of "
+            << reps << " repetitions, window " << window << "\n";
+  std::printf("%-4s %-9s %-10s %8s %12s %12s %24s\n", "tls", "size", "perftest", "count",
+              "perftest GB/s", "dlasync GB/s", "ratio median [min-max]");
+  for (const std::string& tls : transports) {
+    child exporter = spawn({self, "--serve=" + tls}, {});
+    if (exporter.line() != std::optional<std::string>("ready")) {
+      std::cerr << "the exporter did not start\n";
+      return 1;
+    }
+    runtime_options ro;
+    ro.worker_threads = 2;
+    ro.cuda = "off";
+    auto rt = runtime::create(ro);
+    remote_node_options no;
+    no.transports = tls;
+    auto node = remote_node::create(**rt, no);
+    if (!node.ok()) {
+      std::cerr << node.status() << "\n";
+      return 1;
+    }
+    const std::string test = tls == "tcp" ? "ucp_am_bw" : "ucp_get";
+    for (std::uint64_t size : sizes) {
+      const std::uint64_t n = std::clamp<std::uint64_t>(bytes_per_rep / size, 4, 2000);
+      row_result r;
+      for (int rep = 0; rep < reps; ++rep) {
+        const double base = perftest(tls, test, size, n, port++);
+        exporter.send("publish 1 " + std::to_string(size) + " " + std::to_string(size) + " " +
+                      std::to_string(n));
+        std::vector<remote_descriptor> ds;
+        for (std::uint64_t i = 0; i < n; ++i) {
+          std::optional<std::string> l = exporter.line();
+          if (!l) return 1;
+          ds.push_back(*remote_descriptor::decode(unhex(*l)));
+        }
+        const double ours = import_all(**node, ds, window, size, failed);
+        r.base.push_back(base);
+        r.ours.push_back(ours);
+        if (base > 0) r.ratio.push_back(ours / base);
+      }
+      const double med = median(r.ratio);
+      const double lo = r.ratio.empty() ? 0 : *std::min_element(r.ratio.begin(), r.ratio.end());
+      const double hi = r.ratio.empty() ? 0 : *std::max_element(r.ratio.begin(), r.ratio.end());
+      char ratio[64];
+      std::snprintf(ratio, sizeof(ratio), "%.2f [%.2f-%.2f]%s", med, lo, hi,
+                    (hi - lo) > 0.25 * med ? " unstable" : "");
+      std::printf("%-4s %-9s %-10s %8llu %12.2f %12.2f %24s\n", tls.c_str(),
+                  size_name(size).c_str(), test.c_str(), static_cast<unsigned long long>(n),
+                  median(r.base) / 1e9, median(r.ours) / 1e9, ratio);
+      std::fflush(stdout);
+    }
+    if (strided) {
+      std::printf(
+          "\nstrided (%s): every other row, 16 MiB of rows; runs = one fetch per row, "
+          "span = the whole span then compacted here\n",
+          tls.c_str());
+      std::printf("%-9s %12s %12s %10s\n", "row", "runs GB/s", "span GB/s", "runs/span");
+      for (std::uint64_t row : {1024ull, 4096ull, 16384ull, 65536ull, 262144ull}) {
+        const std::uint64_t rows = (16ull << 20) / row;
+        std::vector<double> runs, span;
+        for (int rep = 0; rep < reps; ++rep) {
+          for (bool by_runs : {true, false}) {
+            remote_node_options so = no;
+            so.min_run_bytes = by_runs ? 1 : (1ull << 62);
+            (*node)->shutdown();
+            node = remote_node::create(**rt, so);
+            exporter.send("publish " + std::to_string(rows) + " " + std::to_string(row) + " " +
+                          std::to_string(2 * row) + " 4");
+            std::vector<remote_descriptor> ds;
+            for (int i = 0; i < 4; ++i)
+              ds.push_back(*remote_descriptor::decode(unhex(*exporter.line())));
+            (by_runs ? runs : span).push_back(import_all(**node, ds, 1, rows * row, failed));
+          }
+        }
+        std::printf("%-9s %12.2f %12.2f %10.2f\n", size_name(row).c_str(), median(runs) / 1e9,
+                    median(span) / 1e9, median(runs) / median(span));
+      }
+    }
+    exporter.send("quit");
+    exporter.wait();
+    (*node)->shutdown();
+  }
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,57 @@
+// dlasync/remote/detail/remote_initiation.hpp
+//
+// Plumbing for async_import_remote (node.hpp): the operation lives in the
+// library (remote/src/); its result reaches an Asio completion handler on
+// the handler's executor. Not for direct use.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "asio/associated_cancellation_slot.hpp"
+#include "dlasync/remote/descriptor.hpp"
+#include "dlasync/runtime/detail/deliver.hpp"
+#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/transfer/detail/import_initiation.hpp"
+#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/transfer/tensor.hpp"
+
+namespace dlasync::detail {
+
+class remote_core;
+class remote_import;
+
+// One remote import, made first and then started, so that the caller's
+// cancellation slot is assigned before the import can complete (the
+// handler clears the slot on its own executor, maybe another thread).
+// `done` runs exactly once, on a thread of the runtime or of the node, or on
+// the starting thread when validation refuses (deliver_to posts the
+// handler onwards in every case).
+std::shared_ptr<remote_import> make_remote_import(
+    remote_core& core, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
+// Validates `descriptor` against `options`, then asks for the hold and
+// fetches.
+void start(const std::shared_ptr<remote_import>& op, const remote_descriptor& descriptor,
+           const import_options& options);
+// Stops the import if it has not finished; any thread, any number of times.
+void cancel(remote_import& op);
+
+struct initiate_remote_import {
+  remote_core* core;
+  runtime* rt;
+
+  template <typename Handler>
+  void operator()(Handler&& handler, const remote_descriptor& descriptor,
+                  const import_options& options) const {
+    auto h = std::forward<Handler>(handler);
+    auto slot = asio::get_associated_cancellation_slot(h);
+    std::shared_ptr<remote_import> op =
+        make_remote_import(*core, deliver_to<absl::StatusOr<tensor>>(std::move(h), *rt));
+    assign_cancellation(slot, op);
+    start(op, descriptor, options);
+  }
+};
+
+}  // namespace dlasync::detail

@@ -1,0 +1,184 @@
+#include "dlasync/remote/node.hpp"
+
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "asio/use_awaitable.hpp"
+#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/transfer/producer.hpp"
+#include "dlasync/transfer/validate.hpp"
+#include "remote/src/remote_core.hpp"
+#include "remote/src/remote_import.hpp"
+
+namespace dlasync {
+namespace {
+
+// The runtimes that have a node: one each.
+std::mutex& nodes_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<const runtime*>& nodes() {
+  static std::set<const runtime*> s;
+  return s;
+}
+
+absl::Status check(const publish_options& o) {
+  if (o.importers == 0) {
+    return absl::InvalidArgumentError(
+        "publish_options::importers = 0: a publication needs at least one importer");
+  }
+  if (o.lease.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("publish_options::lease = ", o.lease.count(),
+                                                   " ms: a lease must last longer than 0 ms"));
+  }
+  return absl::OkStatus();
+}
+
+// What a descriptor says of `source`, which plan_import accepted as `plan`.
+remote_descriptor describe(const managed_tensor& source, const import_plan& plan) {
+  const DLTensor& dl = *source.dl_tensor();
+  remote_descriptor d;
+  d.dlpack_major = dlpack_major_version;
+  d.dlpack_minor = source.is_versioned() ? source.version().minor : 0;
+  d.source_device = plan.source;
+  d.type = plan.type;
+  d.shape.assign(dl.shape, dl.shape + dl.ndim);
+  d.strides.resize(static_cast<std::size_t>(dl.ndim));
+  if (dl.strides != nullptr) {
+    d.strides.assign(dl.strides, dl.strides + dl.ndim);
+  } else {
+    std::int64_t stride = 1;
+    for (std::int32_t i = dl.ndim; i-- > 0;) {
+      d.strides[static_cast<std::size_t>(i)] = stride;
+      stride *= std::max<std::int64_t>(dl.shape[i], 1);
+    }
+  }
+  d.byte_offset = dl.byte_offset;
+  d.flags = plan.flags;
+  d.data = reinterpret_cast<std::uintptr_t>(dl.data);
+  if (plan.element_count > 0) {
+    d.region_begin = plan.address + static_cast<std::uint64_t>(plan.span_begin);
+    d.region_bytes = static_cast<std::uint64_t>(plan.span_end - plan.span_begin);
+  }
+  return d;
+}
+
+absl::StatusOr<remote_descriptor> plan_publication(runtime& rt, const managed_tensor& source) {
+  absl::StatusOr<import_plan> plan = plan_import(source, import_options{}, rt.registry());
+  if (!plan.ok()) return plan.status();
+  if (!is_host_memory(plan->source.kind)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the tensor lives on ", plan->source.name(),
+        "; this UCX cannot register GPU memory (it has no CUDA transports): import it onto "
+        "cpu:0 and publish that"));
+  }
+  return describe(source, *plan);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
+                                                                 remote_node_options options) {
+  if (options.import_timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote_node_options::import_timeout = ", options.import_timeout.count(),
+                     " ms: it must be above 0"));
+  }
+  if (!rt.accepting()) {
+    return absl::FailedPreconditionError("the runtime is shutting down; create the node before");
+  }
+  {
+    std::lock_guard lock(nodes_mutex());
+    if (!nodes().insert(&rt).second) {
+      return absl::FailedPreconditionError(
+          "this runtime has a remote node already; a runtime has one UCX worker: share its node");
+    }
+  }
+  auto worker = remote_detail::ucx_worker::create(rt.get_executor(), options.transports);
+  if (!worker.ok()) {
+    std::lock_guard lock(nodes_mutex());
+    nodes().erase(&rt);
+    return worker.status();
+  }
+  auto core = std::make_shared<detail::remote_core>(rt, std::move(options), *std::move(worker));
+  if (absl::Status s = core->start(); !s.ok()) {
+    core->shutdown();
+    std::lock_guard lock(nodes_mutex());
+    nodes().erase(&rt);
+    return s;
+  }
+  return std::unique_ptr<remote_node>(new remote_node(std::move(core)));
+}
+
+remote_node::remote_node(std::shared_ptr<detail::remote_core> core) noexcept
+    : core_(std::move(core)) {}
+
+remote_node::~remote_node() {
+  shutdown();
+  std::lock_guard lock(nodes_mutex());
+  nodes().erase(&core_->rt());
+}
+
+runtime& remote_node::get_runtime() noexcept {
+  return core_->rt();
+}
+remote_node::executor_type remote_node::get_executor() noexcept {
+  return core_->executor();
+}
+
+absl::StatusOr<remote_descriptor> remote_node::publish(managed_tensor& source,
+                                                       const publish_options& options) {
+  if (absl::Status s = check(options); !s.ok()) return s;
+  absl::StatusOr<remote_descriptor> d = plan_publication(core_->rt(), source);
+  if (!d.ok()) return d.status();
+  detail::published_holder holder = std::move(source);
+  absl::StatusOr<remote_descriptor> out = core_->publish(holder, *std::move(d), options);
+  if (!out.ok()) source = std::get<managed_tensor>(std::move(holder));  // still the caller's
+  return out;
+}
+
+absl::StatusOr<remote_descriptor> remote_node::publish(const tensor& source,
+                                                       const publish_options& options) {
+  if (absl::Status s = check(options); !s.ok()) return s;
+  if (source.empty()) return absl::InvalidArgumentError("publish: the tensor is empty");
+  tensor_description desc;
+  desc.data = source.dl_data();
+  desc.device = source.device();
+  desc.dtype = source.dtype();
+  desc.shape.assign(source.shape().begin(), source.shape().end());
+  desc.strides = std::vector<std::int64_t>(source.strides().begin(), source.strides().end());
+  desc.byte_offset = source.byte_offset();
+  desc.flags = source.flags();
+  // A description of the tensor's memory that owns nothing.
+  managed_tensor stand_in = make_managed_tensor(std::move(desc));
+  absl::StatusOr<remote_descriptor> d = plan_publication(core_->rt(), stand_in);
+  if (!d.ok()) return d.status();
+  detail::published_holder holder = source;
+  return core_->publish(holder, *std::move(d), options);
+}
+
+std::size_t remote_node::publications() const {
+  return core_->publications();
+}
+std::size_t remote_node::imports_in_flight() const {
+  return core_->imports_in_flight();
+}
+std::string remote_node::transports() const {
+  return core_->ucx().transports();
+}
+void remote_node::shutdown() {
+  core_->shutdown();
+}
+
+#if defined(ASIO_HAS_CO_AWAIT)
+asio::awaitable<absl::StatusOr<tensor>> import_remote(remote_node& node,
+                                                      remote_descriptor descriptor,
+                                                      remote_import_options options) {
+  co_return co_await async_import_remote(node, descriptor, options, asio::use_awaitable);
+}
+#endif
+
+}  // namespace dlasync

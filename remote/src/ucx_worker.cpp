@@ -1,0 +1,170 @@
+#include "remote/src/ucx_worker.hpp"
+
+#include <cstdio>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlasync::remote_detail {
+
+absl::Status ucx_error(ucs_status_t status, const std::string& what) {
+  std::string message = absl::StrCat(what, " (UCX: ", ucs_status_string(status), ")");
+  switch (status) {
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT: return absl::ResourceExhaustedError(message);
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_ENDPOINT_TIMEOUT: return absl::DeadlineExceededError(message);
+    case UCS_ERR_CANCELED: return absl::CancelledError(message);
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_NO_RESOURCE:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_IO_ERROR:
+    case UCS_ERR_NOT_CONNECTED: return absl::UnavailableError(message);
+    default: return absl::InternalError(message);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
+    const asio::any_io_executor& executor, const std::string& transports) {
+  std::shared_ptr<ucx_worker> w(new ucx_worker());
+  ucp_config_t* config = nullptr;
+  if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
+    return ucx_error(s, "reading UCX's configuration failed");
+  }
+  if (!transports.empty()) {
+    if (ucs_status_t s = ucp_config_modify(config, "TLS", transports.c_str()); s != UCS_OK) {
+      ucp_config_release(config);
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote_node_options::transports = \"", transports,
+                       "\" is not a UCX transport list (UCX: ", ucs_status_string(s),
+                       "); use UCX_TLS's syntax, such as \"shm\", \"tcp\" or \"sm,tcp\""));
+    }
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.mt_workers_shared = 1;
+  ucs_status_t s = ucp_init(&params, config, &w->context_);
+  ucp_config_release(config);
+  if (s != UCS_OK) {
+    w->context_ = nullptr;
+    return ucx_error(s, "UCX could not start (ucp_init)");
+  }
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  if (s = ucp_worker_create(w->context_, &wp, &w->worker_); s != UCS_OK) {
+    w->worker_ = nullptr;
+    return ucx_error(s, "UCX could not create a worker");
+  }
+  ucp_address_t* address = nullptr;
+  std::size_t length = 0;
+  if (s = ucp_worker_get_address(w->worker_, &address, &length); s != UCS_OK) {
+    return ucx_error(s, "UCX could not give its worker's address");
+  }
+  w->address_.assign(reinterpret_cast<const char*>(address), length);
+  ucp_worker_release_address(w->worker_, address);
+
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(w->context_, &attr) == UCS_OK) {
+    w->cuda_memory_ = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
+  int fd = -1;
+  if (s = ucp_worker_get_efd(w->worker_, &fd); s != UCS_OK) {
+    return ucx_error(s, "UCX gave no event descriptor for its worker");
+  }
+  w->events_ = std::make_unique<asio::posix::stream_descriptor>(executor, fd);
+  return w;
+}
+
+ucx_worker::~ucx_worker() {
+  finalize();
+}
+
+void ucx_worker::finalize() {
+  stopped_ = true;
+  if (events_) {
+    asio::error_code ignored;
+    events_->cancel(ignored);
+    // The descriptor is UCX's: never closed here.
+    (void)events_->release();
+    events_.reset();
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(std::exchange(worker_, nullptr));
+  if (context_ != nullptr) ucp_cleanup(std::exchange(context_, nullptr));
+}
+
+std::string ucx_worker::transports() const {
+  // ucp_worker_print_info writes a report; its "# lane[...]" lines are not
+  // there before endpoints exist, so the context's resources are listed.
+  char* text = nullptr;
+  std::size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return "unknown";
+  ucp_context_print_info(context_, f);
+  std::fclose(f);
+  std::string out;
+  std::string report(text, size);
+  std::free(text);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
+  // Lines look like "#      resource 3  :  md 1  dev 1  flags -- tcp/lo".
+  std::size_t pos = 0;
+  while ((pos = report.find("resource", pos)) != std::string::npos) {
+    const std::size_t eol = report.find('\n', pos);
+    const std::string line = report.substr(pos, eol - pos);
+    const std::size_t name = line.rfind(' ');
+    if (name != std::string::npos && line.find("flags") != std::string::npos) {
+      if (!out.empty()) out += ",";
+      out += line.substr(name + 1);
+    }
+    if (eol == std::string::npos) break;
+    pos = eol;
+  }
+  return out.empty() ? "unknown" : out;
+}
+
+void ucx_worker::start() {
+  std::lock_guard lock(mutex_);
+  progress();
+  watch();
+}
+
+void ucx_worker::progress() {
+  // Called again from inside UCX's callbacks (which start operations): the
+  // outer call goes on progressing until idle, so it has nothing to do.
+  if (stopped_ || progressing_) return;
+  progressing_ = true;
+  for (;;) {
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    const ucs_status_t s = ucp_worker_arm(worker_);
+    if (s == UCS_ERR_BUSY) continue;
+    break;
+  }
+  progressing_ = false;
+}
+
+void ucx_worker::watch() {
+  events_->async_wait(asio::posix::stream_descriptor::wait_read,
+                      [weak = weak_from_this()](const asio::error_code& ec) {
+                        if (ec) return;  // operation_aborted: stopped
+                        if (std::shared_ptr<ucx_worker> self = weak.lock()) self->on_readable();
+                      });
+}
+
+void ucx_worker::on_readable() {
+  std::lock_guard lock(mutex_);
+  if (stopped_) return;
+  progress();
+  watch();
+}
+
+void ucx_worker::stop() {
+  stopped_ = true;
+  asio::error_code ignored;
+  if (events_) events_->cancel(ignored);
+}
+
+}  // namespace dlasync::remote_detail

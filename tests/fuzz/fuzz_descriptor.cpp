@@ -1,0 +1,85 @@
+// libFuzzer target: remote descriptors as they arrive from another process
+// (untrusted bytes), through decode and the remote import's validation
+// (plan_remote), against a runtime with two host devices.
+//
+// What must hold for every input (else the target traps):
+//   - decode either refuses with InvalidArgument or OutOfRange, or gives a
+//     descriptor that encodes back to exactly the input;
+//   - validation either refuses with an import_error that says "not
+//     consumed" and names a rule, or accepts a tensor whose every byte lies
+//     inside the registered region, with a remote key and an address;
+//   - nothing reads the tensor's (fake) address: ASan would report it;
+//   - no sanitizer report, no hang.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/descriptor.hpp"
+#include "remote/src/plan_remote.hpp"
+
+namespace {
+
+using namespace dlasync;
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_descriptor: %s\n", what);
+  __builtin_trap();
+}
+
+runtime& the_runtime() {
+  static std::unique_ptr<runtime> rt = [] {
+    runtime_options o;
+    o.worker_threads = 1;
+    o.cuda = "off";
+    o.topology = process_topology::single_process(2);
+    absl::StatusOr<std::unique_ptr<runtime>> r = runtime::create(o);
+    if (!r.ok()) fail("runtime");
+    return *std::move(r);
+  }();
+  return *rt;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(bytes);
+  if (!d.ok()) {
+    if (d.status().code() != absl::StatusCode::kInvalidArgument &&
+        d.status().code() != absl::StatusCode::kOutOfRange) {
+      fail("decode refused with an unexpected code");
+    }
+    return 0;
+  }
+  if (d->encode() != bytes) fail("decode then encode is not the input");
+
+  // Options from the first byte: target, copy, layout requirements.
+  import_options o;
+  const std::uint8_t knobs = size > 0 ? data[size - 1] : 0;
+  if ((knobs & 1) != 0) o.target = device{device_kind::cpu, 1};
+  if ((knobs & 2) != 0) o.copy = (knobs & 4) != 0;
+  o.require_contiguous = (knobs & 8) != 0;
+  o.require_writable = (knobs & 16) != 0;
+  if ((knobs & 32) != 0) o.stream = static_cast<std::int64_t>(knobs);
+
+  absl::StatusOr<remote_detail::remote_plan> plan =
+      remote_detail::plan_remote(*d, o, the_runtime().registry());
+  if (!plan.ok()) {
+    std::optional<import_error> why = import_error_of(plan.status());
+    if (!why) fail("a refusal without an import_error");
+    if (why->consumed) fail("a refusal that says consumed");
+    return 0;
+  }
+  if (plan->plan.element_count > 0) {
+    if (d->rkey.empty()) fail("accepted without a remote key");
+    if (plan->span_begin < d->region_begin) fail("span starts before the region");
+    if (plan->span_bytes > d->region_bytes ||
+        plan->span_begin - d->region_begin > d->region_bytes - plan->span_bytes) {
+      fail("span ends after the region");
+    }
+  }
+  if (d->worker_address.empty()) fail("accepted without an address");
+  return 0;
+}

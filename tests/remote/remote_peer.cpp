@@ -1,0 +1,146 @@
+// The other process of the remote-import tests: a runtime with a remote
+// node, driven by lines on stdin, answering on stdout.
+//
+//   publish <code>:<bits>:<lanes> <layout> <shape> <importers> <lease_ms> <seed>
+//       -> "descriptor <hex>" | "error <code> <message>"
+//   publish_many <n> <code>:<bits>:<lanes> <layout> <shape> <lease_ms>
+//       -> n lines "descriptor <hex>" (seeds 0..n-1)
+//   deleted        -> "deleted <producer deleters run so far>"
+//   publications   -> "publications <n>"
+//   import <hex>   -> "started", later "imported ok" | "imported <code> <message>"
+//   quit           -> shuts the node down, "bye <deleted>", exits 0
+//
+// Options: --transports=<UCX_TLS list>.
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/node.hpp"
+#include "remote/remote_support.hpp"
+
+namespace {
+
+using namespace dlasync;
+
+std::mutex out_mutex;
+std::atomic<int> deleted{0};
+
+void say(const std::string& line) {
+  std::lock_guard lock(out_mutex);
+  std::cout << line << '\n' << std::flush;
+}
+
+dtype parse_dtype(const std::string& s) {
+  unsigned code = 0;
+  unsigned bits = 0;
+  unsigned lanes = 0;
+  std::sscanf(s.c_str(), "%u:%u:%u", &code, &bits, &lanes);
+  return dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits),
+               static_cast<std::uint16_t>(lanes)};
+}
+
+std::string publish(remote_node& node, const dtype& type, const std::string& layout,
+                    const std::vector<std::int64_t>& shape, std::uint32_t importers, long lease_ms,
+                    unsigned seed) {
+  auto memory = std::make_shared<testing::laid_out>(
+      testing::lay_out(layout, shape, type.padded_size(), seed));
+  tensor_description d;
+  d.data = memory->data();
+  d.dtype = type;
+  d.shape = memory->shape;
+  d.strides = memory->strides;
+  d.byte_offset = memory->byte_offset;
+  managed_tensor t = make_managed_tensor(std::move(d), [memory]() mutable {
+    memory.reset();
+    deleted.fetch_add(1);
+  });
+  publish_options o;
+  o.importers = importers;
+  o.lease = std::chrono::milliseconds(lease_ms);
+  absl::StatusOr<remote_descriptor> r = node.publish(t, o);
+  if (!r.ok()) {
+    return "error " + std::to_string(static_cast<int>(r.status().code())) + " " +
+           std::string(r.status().message());
+  }
+  return "descriptor " + testing::to_hex(r->encode());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  remote_node_options options;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--transports=", 0) == 0) options.transports = a.substr(13);
+  }
+  runtime_options ro;
+  ro.worker_threads = 2;
+  ro.cuda = "off";
+  auto rt = runtime::create(ro);
+  if (!rt.ok()) {
+    say("error runtime " + std::string(rt.status().message()));
+    return 1;
+  }
+  auto node = remote_node::create(**rt, options);
+  if (!node.ok()) {
+    say("error node " + std::string(node.status().message()));
+    return 1;
+  }
+  say("ready");
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string command;
+    in >> command;
+    if (command == "publish") {
+      std::string type, layout, shape;
+      std::uint32_t importers = 1;
+      long lease_ms = 0;
+      unsigned seed = 0;
+      in >> type >> layout >> shape >> importers >> lease_ms >> seed;
+      say(publish(**node, parse_dtype(type), layout, testing::parse_shape(shape), importers,
+                  lease_ms, seed));
+    } else if (command == "publish_many") {
+      int n = 0;
+      std::string type, layout, shape;
+      long lease_ms = 0;
+      in >> n >> type >> layout >> shape >> lease_ms;
+      for (int i = 0; i < n; ++i) {
+        say(publish(**node, parse_dtype(type), layout, testing::parse_shape(shape), 1, lease_ms,
+                    static_cast<unsigned>(i)));
+      }
+    } else if (command == "deleted") {
+      say("deleted " + std::to_string(deleted.load()));
+    } else if (command == "publications") {
+      say("publications " + std::to_string((*node)->publications()));
+    } else if (command == "import") {
+      std::string hex;
+      in >> hex;
+      absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(testing::from_hex(hex));
+      if (!d.ok()) {
+        say("imported " + std::to_string(static_cast<int>(d.status().code())) + " " +
+            std::string(d.status().message()));
+        continue;
+      }
+      async_import_remote(**node, *d, {}, [](absl::StatusOr<tensor> t) {
+        say(t.ok() ? std::string("imported ok")
+                   : "imported " + std::to_string(static_cast<int>(t.status().code())) + " " +
+                         std::string(t.status().message()));
+      });
+      say("started");
+    } else if (command == "quit") {
+      (*node)->shutdown();
+      say("bye " + std::to_string(deleted.load()));
+      node->reset();
+      return 0;
+    } else if (!command.empty()) {
+      say("error unknown command " + command);
+    }
+  }
+  return 0;
+}
