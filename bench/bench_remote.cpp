@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
           for (bool by_runs : {true, false}) {
             remote_node_options so = no;
             so.min_run_bytes = by_runs ? 1 : (1ull << 62);
-            (*node)->shutdown();
+            node->reset();  // a runtime has one node at a time
             node = remote_node::create(**rt, so);
             exporter.send("publish " + std::to_string(rows) + " " + std::to_string(row) + " " +
                           std::to_string(2 * row) + " 4");

@@ -129,6 +129,10 @@ absl::StatusOr<remote_descriptor> remote_descriptor::decode(std::string_view byt
                      format_version, ": exporter and importer must run compatible dlasync"));
   }
   DLASYNC_GET(reserved, "reserved");
+  if (reserved != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote descriptor: the reserved field at byte 6 is ", reserved, ", not 0"));
+  }
   DLASYNC_GET(d.lease_id, "lease id");
   DLASYNC_GET(d.dlpack_major, "DLPack major version");
   DLASYNC_GET(d.dlpack_minor, "DLPack minor version");

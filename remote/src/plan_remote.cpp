@@ -16,6 +16,23 @@ absl::Status refuse(absl::Status status, const char* rule) {
 
 }  // namespace
 
+run_shape contiguous_run(const std::vector<std::int64_t>& shape,
+                         const std::vector<std::int64_t>& strides, std::uint64_t elem) {
+  run_shape r{0, elem};
+  std::int64_t expected = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) {
+      ++r.inner_dims;
+      continue;
+    }
+    if (strides[i] != expected) break;
+    expected *= shape[i];
+    r.bytes *= static_cast<std::uint64_t>(shape[i]);
+    ++r.inner_dims;
+  }
+  return r;
+}
+
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry) {
   if (options.copy.has_value() && !*options.copy) {
@@ -91,7 +108,7 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
   const std::uint64_t bytes = static_cast<std::uint64_t>(plan->span_end - plan->span_begin);
   std::uint64_t region_end = 0;
   if (__builtin_add_overflow(d.region_begin, d.region_bytes, &region_end) ||
-      begin < d.region_begin || bytes > region_end - begin) {
+      begin < d.region_begin || begin > region_end || bytes > region_end - begin) {
     return refuse(absl::InvalidArgumentError(absl::StrCat(
                       "the remote tensor's bytes [", begin, ", +", bytes,
                       ") reach outside the region the exporter registered [", d.region_begin, ", +",

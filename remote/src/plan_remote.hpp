@@ -12,7 +12,9 @@
 // refused. Every refusal carries an import_error (consumed = false).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dlasync/remote/descriptor.hpp"
@@ -30,6 +32,16 @@ struct remote_plan {
   std::uint64_t span_begin = 0;
   std::uint64_t span_bytes = 0;
 };
+
+// The innermost contiguous run of a row-major walk over `shape` with
+// `strides` (elements of `elem` bytes): how many dimensions it covers, from
+// the last, and its length in bytes.
+struct run_shape {
+  std::size_t inner_dims = 0;
+  std::uint64_t bytes = 0;
+};
+run_shape contiguous_run(const std::vector<std::int64_t>& shape,
+                         const std::vector<std::int64_t>& strides, std::uint64_t elem);
 
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry);

@@ -31,31 +31,6 @@ absl::Status in_flight(absl::Status s) {
                            import_error{.consumed = true, .rule = "", .copy_reasons = ""});
 }
 
-// The innermost contiguous run of a row-major walk over `shape` with
-// `strides` (elements of `elem` bytes): the extents it covers (from the
-// last dimension) and its length in bytes.
-struct run_shape {
-  std::size_t inner_dims = 0;
-  std::uint64_t bytes = 0;
-};
-
-run_shape contiguous_run(const std::vector<std::int64_t>& shape,
-                         const std::vector<std::int64_t>& strides, std::uint64_t elem) {
-  run_shape r{0, elem};
-  std::int64_t expected = 1;
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] == 1) {
-      ++r.inner_dims;
-      continue;
-    }
-    if (strides[i] != expected) break;
-    expected *= shape[i];
-    r.bytes *= static_cast<std::uint64_t>(shape[i]);
-    ++r.inner_dims;
-  }
-  return r;
-}
-
 }  // namespace
 
 remote_import::remote_import(std::shared_ptr<remote_core> core, done_fn done)
@@ -80,6 +55,29 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
   if (!options_.target) options_.target = host_device;
   host_ = options_.target->kind == device_kind::cpu ? *options_.target : host_device;
 
+  // The endpoint decides how the bytes move, and so how much memory lands.
+  absl::StatusOr<exporter_endpoint*> e = core_->endpoint_locked(descriptor_.worker_address);
+  if (!e.ok()) return finish_locked(in_flight(e.status()));
+  endpoint_ = *e;
+  switch (core_->options().fetch) {
+    case remote_fetch::automatic: rma_ = endpoint_->native_rma; break;
+    case remote_fetch::rma: rma_ = true; break;
+    case remote_fetch::active_messages: rma_ = false; break;
+  }
+  if (rma_ && plan_.plan.element_count > 0) {
+    if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, descriptor_.rkey.data(), &rkey_);
+        s != UCS_OK) {
+      rkey_ = nullptr;
+      return finish_locked(with_import_error(
+          remote_detail::ucx_error(s,
+                                   "the descriptor's remote key cannot be unpacked; it is "
+                                   "corrupt or from another UCX"),
+          import_error{.consumed = false, .rule = "remote_region", .copy_reasons = ""}));
+    }
+  }
+  const std::uint64_t min_run = core_->options().min_run_bytes != 0 ? core_->options().min_run_bytes
+                                : rma_                              ? std::uint64_t{4} << 10
+                                                                    : std::uint64_t{16} << 10;
   const import_plan& p = plan_.plan;
   if (p.element_count == 0) {
     kind_ = fetch_kind::whole;
@@ -88,9 +86,10 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
     kind_ = fetch_kind::whole;
     fetch_bytes_ = p.byte_size;
   } else {
-    const run_shape run = contiguous_run(d.shape, d.strides, d.type.padded_size());
+    const remote_detail::run_shape run =
+        remote_detail::contiguous_run(d.shape, d.strides, d.type.padded_size());
     const std::uint64_t runs = run.bytes == 0 ? 0 : p.byte_size / run.bytes;
-    if (!d.type.is_sub_byte() && run.bytes >= core_->options().min_run_bytes && runs <= max_runs) {
+    if (!d.type.is_sub_byte() && run.bytes >= min_run && runs <= max_runs) {
       kind_ = fetch_kind::runs;
       fetch_bytes_ = p.byte_size;
     } else {
@@ -100,12 +99,13 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
   }
   memory_budget& budget = *core_of(rt).budget();
   if (budget.limit() != 0 && fetch_bytes_ > budget.limit()) {
-    return finish_locked(
+    finish_locked(
         with_import_error(absl::ResourceExhaustedError(absl::StrCat(
                               "the remote tensor needs ", fetch_bytes_,
                               " bytes here, above the whole copy budget of ", budget.limit(),
                               " bytes; raise runtime_options::copy_memory_budget")),
                           import_error{.consumed = false, .rule = "budget", .copy_reasons = ""}));
+    return cleanup_locked();
   }
   timeout_ =
       std::make_unique<asio::steady_timer>(core_->executor(), core_->options().import_timeout);
@@ -147,28 +147,9 @@ void remote_import::on_budget(const absl::Status& granted) {
     }
     buffer_ = *std::move(b);
   }
-  absl::StatusOr<exporter_endpoint*> e = core_->endpoint_locked(descriptor_.worker_address);
-  if (!e.ok()) {
-    finish_locked(in_flight(e.status()));
+  if (!endpoint_->failure.ok()) {  // lost while this import waited
+    finish_locked(in_flight(endpoint_->failure));
     return cleanup_locked();
-  }
-  endpoint_ = *e;
-  switch (core_->options().fetch) {
-    case remote_fetch::automatic: rma_ = endpoint_->native_rma; break;
-    case remote_fetch::rma: rma_ = true; break;
-    case remote_fetch::active_messages: rma_ = false; break;
-  }
-  if (rma_ && plan_.plan.element_count > 0) {
-    if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, descriptor_.rkey.data(), &rkey_);
-        s != UCS_OK) {
-      rkey_ = nullptr;
-      finish_locked(with_import_error(
-          remote_detail::ucx_error(s,
-                                   "the descriptor's remote key cannot be unpacked; it is "
-                                   "corrupt or from another UCX"),
-          import_error{.consumed = false, .rule = "remote_region", .copy_reasons = ""}));
-      return cleanup_locked();
-    }
   }
   request_hold_locked();
 }
@@ -221,7 +202,8 @@ void remote_import::fetch_locked() {
       case fetch_kind::span: get_locked(plan_.span_begin, out, fetch_bytes_); break;
       case fetch_kind::runs: {
         const std::uint64_t elem = descriptor_.type.padded_size();
-        const run_shape run = contiguous_run(descriptor_.shape, descriptor_.strides, elem);
+        const remote_detail::run_shape run =
+            remote_detail::contiguous_run(descriptor_.shape, descriptor_.strides, elem);
         const std::size_t outer = descriptor_.shape.size() - run.inner_dims;
         std::vector<std::int64_t> index(outer, 0);
         std::uint64_t written = 0;

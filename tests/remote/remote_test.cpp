@@ -400,6 +400,11 @@ TEST_CASE("a remote descriptor is validated before anything moves, and nothing i
       REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
       REQUIRE_THAT(std::string(r.status().message()), Catch::Contains("cut short"));
     }
+    std::string reserved = bytes;
+    reserved[6] = 1;
+    r = remote_descriptor::decode(reserved);
+    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(r.status().message()), Catch::Contains("reserved"));
     r = remote_descriptor::decode(bytes + "x");
     REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE_THAT(std::string(r.status().message()), Catch::Contains("1 bytes after its end"));
@@ -414,6 +419,12 @@ TEST_CASE("a remote descriptor is validated before anything moves, and nothing i
   SECTION("a span outside the registered region") {
     remote_descriptor d = good;
     d.region_bytes -= 4;
+    require_refused(import_now(nodes.in(), d), absl::StatusCode::kInvalidArgument, "remote_region",
+                    "outside the region");
+    // A region that ends before the span begins (a wrap the fuzzer found).
+    d = good;
+    d.region_begin = good.region_begin - 4096;
+    d.region_bytes = 16;
     require_refused(import_now(nodes.in(), d), absl::StatusCode::kInvalidArgument, "remote_region",
                     "outside the region");
     d = good;
@@ -455,6 +466,11 @@ TEST_CASE("a remote descriptor is validated before anything moves, and nothing i
     d.source_device = device{device_kind::cuda, 1};
     require_refused(import_now(nodes.in(), d), absl::StatusCode::kUnimplemented, "source_device",
                     "cuda:1");
+  }
+  SECTION("a tensor larger than the whole copy budget") {
+    auto small = make_importer("", 64);
+    require_refused(import_now(*small->node, good), absl::StatusCode::kResourceExhausted, "budget",
+                    "above the whole copy budget of 64 bytes");
   }
   // Nothing was consumed: the publication is still there, and imports.
   REQUIRE(p->count.calls.load() == 0);
