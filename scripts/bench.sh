@@ -10,6 +10,8 @@
 #     pipeline's rate over the bound the simulated link allows);
 #   - bench/frameworks_gpu.py on a GPU: PyTorch, CuPy and JAX transfers,
 #     where they are installed;
+#   - dlasync_bench_remote: remote imports from a second process against
+#     ucx_perftest, over shared memory and TCP (where UCX is built);
 #   - bench/python/bench_python.py: the Python module against NumPy and
 #     PyTorch (per-call cost, strided copies up to 256 MiB), with Debian's
 #     Python;
@@ -28,7 +30,7 @@ machine=${1:-$(hostname -s)}
 max_bytes=${DLASYNC_BENCH_MAX_BYTES:-1073741824}
 
 bash scripts/install-deps.sh libtorch-dev gnuplot-nox pybind11-dev python3-dev python3-numpy \
-  python3-torch
+  python3-torch libucx-dev ucx-utils
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF -DDLASYNC_BUILD_BENCH=ON \
   -DDLASYNC_BUILD_PYTHON=ON -DPYTHON_EXECUTABLE=/usr/bin/python3 >/dev/null
@@ -60,6 +62,11 @@ python_max=$(( max_bytes < (256 << 20) ? max_bytes : (256 << 20) ))
 PYTHONPATH=build-bench/python /usr/bin/python3 bench/python/bench_python.py \
   --max-bytes "$python_max" >"$work/python.log" 2>&1 ||
   { tail -20 "$work/python.log"; echo "python failed"; exit 1; }
+if [ -x build-bench/bench/dlasync_bench_remote ]; then
+  echo "== remote"
+  build-bench/bench/dlasync_bench_remote --reps=5 --strided >"$work/remote.log" 2>&1 ||
+    { tail -20 "$work/remote.log"; echo "remote failed"; exit 1; }
+fi
 gpu_label=gpu
 if nvidia-smi -L >/dev/null 2>&1; then
   DLASYNC_CUDA=real DLASYNC_BENCH_MAX_BYTES=1073741824 run gpu build-bench/bench/dlasync_bench_gpu
@@ -98,6 +105,10 @@ fi
   if [ -f "$work/python.log" ]; then
     echo
     cat "$work/python.log"
+  fi
+  if [ -f "$work/remote.log" ]; then
+    echo
+    grep -v '^\[' "$work/remote.log"
   fi
   if [ -f "$work/frameworks.log" ]; then
     echo
