@@ -124,7 +124,10 @@ absl::Status device_registry::check_device(device d, const char* role) const {
                      owner ? absl::StrCat("process rank ", *owner) : std::string("another process"),
                      ". This process addresses ", addressable_list(), ". Import the tensor on ",
                      owner ? absl::StrCat("rank ", *owner) : std::string("its owning process"),
-                     ", or copy it to one of this process's devices first"));
+                     ", copy it to one of this process's devices first, or have ",
+                     owner ? absl::StrCat("rank ", *owner) : std::string("that process"),
+                     " publish it and import it here with dlasync's remote import "
+                     "(dlasync::import_remote, over UCX)"));
   }
   const served_devices* served = find(d.kind);
   if (served == nullptr) {

@@ -242,7 +242,8 @@ TEST_CASE("devices of another process are refused naming the owner", "[transfer]
   tensor_spec s = matrix();
   s.device = {device_kind::cuda, 0};
   require_refused(s, {}, registry, absl::StatusCode::kFailedPrecondition,
-                  {"cuda:0", "not addressable", "process rank 0", "Import the tensor on rank 0"});
+                  {"cuda:0", "not addressable", "process rank 0", "Import the tensor on rank 0",
+                   "have rank 0 publish it", "dlasync's remote import"});
   import_options o;
   o.target = device{device_kind::cuda, 0};
   require_refused(matrix(), o, registry, absl::StatusCode::kFailedPrecondition,
