@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "asio/co_spawn.hpp"
 #include "asio/connect.hpp"
+#include "asio/executor_work_guard.hpp"
 #include "asio/experimental/as_tuple.hpp"
 #include "asio/io_context.hpp"
 #include "asio/ip/tcp.hpp"
@@ -40,6 +42,9 @@
 #include "common/stats.hpp"
 #include "frame.hpp"
 #include "slow_peer.hpp"
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+#include "ucx_client.hpp"
+#endif
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Server address.");
 ABSL_FLAG(int, port, 5555, "Server port.");
@@ -65,6 +70,12 @@ ABSL_FLAG(int, slow_body_kib, 1024, "The body a slow peer announces, in KiB.");
 ABSL_FLAG(int, slow_interval_ms, 100, "Time between two bytes of a slow peer.");
 ABSL_FLAG(double, slow_seconds, 10, "How long a slow peer may stay connected.");
 ABSL_FLAG(std::uint32_t, seed, 1, "Random seed.");
+ABSL_FLAG(std::string, transport, "tcp",
+          "tcp: the server's TCP frames (--port); ucx: the same frames as UCX active messages "
+          "(--ucx_port). Needs dlasync built with UCX.");
+ABSL_FLAG(int, ucx_port, 5556, "The server's UCX port (--transport=ucx).");
+ABSL_FLAG(std::string, ucx_transports, "",
+          "UCX transports (UCX_TLS's syntax; empty: UCX's choice), --transport=ucx.");
 ABSL_FLAG(int, threads, 2, "Client threads.");
 
 namespace dlasync::examples {
@@ -406,6 +417,72 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
   }
 }
 
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+// One connection over the server's UCX transport, on a thread of its own:
+// the same requests and checks as over TCP. A UCX message keeps its
+// framing, so a wrong magic is answered and the connection goes on, and
+// the cut-off frame becomes a frame whose body length disagrees with what
+// the message carries (InvalidArgument).
+void drive_ucx(int index, ucx_client& client, clock::time_point stop_at, load_stats& stats) {
+  std::mt19937 rng(absl::GetFlag(FLAGS_seed) * 1000003u + static_cast<unsigned>(index));
+  std::bernoulli_distribution malformed(absl::GetFlag(FLAGS_malformed));
+  const server_limits limits{mib_flag(FLAGS_server_max_frame_mib),
+                             mib_flag(FLAGS_server_budget_mib),
+                             mib_flag(FLAGS_server_connection_budget_mib)};
+  absl::StatusOr<int> c = client.connect(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_ucx_port));
+  if (!c.ok()) {
+    stats.problem(absl::StrCat("connection ", index, ": ", c.status().ToString()));
+    return;
+  }
+  constexpr auto timeout = std::chrono::seconds(30);
+  std::uint64_t id = static_cast<std::uint64_t>(index) << 40;
+  while (clock::now() < stop_at) {
+    ++id;
+    if (malformed(rng)) {
+      malformed_request m = make_malformed(id, rng, limits);
+      if (m.kind == malformed_kind::cut_off) {
+        m.frame = encode_request(id, dtypes::float32, std::vector<std::int64_t>{4, 8},
+                                 std::vector<std::int64_t>{8, 1},
+                                 std::vector<std::byte>(128, std::byte{1}));
+        set_u32(m.frame, 4, static_cast<std::uint32_t>(m.frame.size() - frame_header_bytes + 7));
+        m.expected = absl::StatusCode::kInvalidArgument;
+        m.expected_word = "carries";
+      }
+      stats.bytes_sent.fetch_add(m.frame.size());
+      absl::StatusOr<response> r = client.call(*c, m.frame, timeout);
+      if (!r.ok() || r->code != m.expected || r->text.find(m.expected_word) == std::string::npos) {
+        stats.problem(
+            absl::StrCat("UCX malformed frame kind ", static_cast<int>(m.kind), ": expected ",
+                         absl::StatusCodeToString(m.expected), " \"", m.expected_word, "\", got ",
+                         r.ok() ? absl::StrCat(absl::StatusCodeToString(r->code), " ", r->text)
+                                : r.status().ToString()));
+        if (!r.ok()) return;
+      } else {
+        stats.malformed_answered.fetch_add(1);
+      }
+      continue;
+    }
+    valid_request v = make_valid(id, rng, absl::GetFlag(FLAGS_max_elements));
+    const clock::time_point start = clock::now();
+    stats.bytes_sent.fetch_add(v.frame.size());
+    absl::StatusOr<response> r = client.call(*c, v.frame, timeout);
+    if (!r.ok()) {
+      stats.problem(absl::StrCat("UCX request ", id, ": ", r.status().ToString()));
+      return;
+    }
+    stats.latency.add(clock::now() - start);
+    if (r->id != id || r->code != absl::StatusCode::kOk || r->sum != v.sum || r->count != v.count) {
+      stats.problem(absl::StrCat("UCX request ", id, ": got id ", r->id, " ",
+                                 absl::StatusCodeToString(r->code), " sum ", r->sum, " count ",
+                                 r->count, " (", r->text, "), expected sum ", v.sum, " count ",
+                                 v.count));
+    } else {
+      stats.valid_ok.fetch_add(1);
+    }
+  }
+}
+#endif
+
 int run() {
   asio::io_context io;
   asio::error_code ec;
@@ -433,18 +510,50 @@ int run() {
     done.push_back(asio::co_spawn(asio::make_strand(io), slow_peer(server, slow_options, slow),
                                   asio::use_future));
   }
-  for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
-    done.push_back(asio::co_spawn(io, drive(i, server, stop_at, stats, slow), asio::use_future));
+  const bool over_ucx = absl::GetFlag(FLAGS_transport) == "ucx";
+  if (!over_ucx && absl::GetFlag(FLAGS_transport) != "tcp") {
+    std::fprintf(stderr, "dlasync_load: --transport=%s: tcp or ucx\n",
+                 absl::GetFlag(FLAGS_transport).c_str());
+    return 2;
   }
+  if (!over_ucx) {
+    for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
+      done.push_back(asio::co_spawn(io, drive(i, server, stop_at, stats, slow), asio::use_future));
+    }
+  }
+  // Over UCX, the worker's progress runs on io's threads: they must not find
+  // io without work and return before the client exists.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  if (over_ucx) work.emplace(io.get_executor());
   std::vector<std::thread> threads;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) {
     threads.emplace_back([&io] { io.run(); });
+  }
+  if (over_ucx) {
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+    absl::StatusOr<std::unique_ptr<ucx_client>> client =
+        ucx_client::create(io.get_executor(), absl::GetFlag(FLAGS_ucx_transports));
+    if (!client.ok()) {
+      stats.problem(client.status().ToString());
+    } else {
+      std::vector<std::thread> connections;
+      for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
+        connections.emplace_back([&, i] { drive_ucx(i, **client, stop_at, stats); });
+      }
+      for (std::thread& t : connections) t.join();
+      (*client)->stop();
+    }
+#else
+    stats.problem("--transport=ucx: this build has no UCX (libucx-dev)");
+#endif
+    work.reset();
   }
   for (std::thread& t : threads) t.join();
   for (std::future<void>& f : done) f.get();
   const double seconds = std::chrono::duration<double>(clock::now() - start).count();
 
-  std::printf("dlasync load: %d connections, %.1f s\n", absl::GetFlag(FLAGS_connections), seconds);
+  std::printf("dlasync load: %d connections over %s, %.1f s\n", absl::GetFlag(FLAGS_connections),
+              absl::GetFlag(FLAGS_transport).c_str(), seconds);
   std::printf("  valid requests answered correctly: %llu (%.0f/s, %.1f MB/s sent)\n",
               static_cast<unsigned long long>(stats.valid_ok.load()),
               static_cast<double>(stats.valid_ok.load()) / seconds,

@@ -44,6 +44,9 @@
 #include "dlasync/dlasync.hpp"
 #include "frame.hpp"
 #include "peer_io.hpp"
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+#include "ucx_front.hpp"
+#endif
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on.");
 ABSL_FLAG(int, port, 5555, "TCP port; 0 picks a free one (see --port_file).");
@@ -66,6 +69,12 @@ ABSL_FLAG(int, idle_timeout_ms, 60000,
           "A connection that starts no frame for this many milliseconds is closed (0: no limit).");
 ABSL_FLAG(int, threads, 2, "Threads running the server's and dlasync's executor.");
 ABSL_FLAG(double, seconds, 0, "Stop after this many seconds (0: run until SIGINT or SIGTERM).");
+ABSL_FLAG(int, ucx_port, -1,
+          "Also serve the same requests over UCX active messages on this port (0 picks a free "
+          "one, see --ucx_port_file; -1: no UCX transport). Needs dlasync built with UCX.");
+ABSL_FLAG(std::string, ucx_port_file, "", "Write the UCX port to this file once listening.");
+ABSL_FLAG(std::string, ucx_transports, "",
+          "UCX transports for the UCX listener (UCX_TLS's syntax; empty: UCX's choice).");
 
 namespace dlasync::examples {
 namespace {
@@ -120,6 +129,20 @@ class server {
         budget_(std::make_shared<memory_budget>(limits.budget)) {}
 
   server_stats& stats() { return stats_; }
+  std::shared_ptr<memory_budget> budget() const { return budget_; }
+
+  // One request's body, whichever transport carried it: parse, import,
+  // sum (handle, below).
+  asio::awaitable<response> answer(std::shared_ptr<std::byte[]> body, std::uint32_t length) {
+    return handle(std::move(body), length);
+  }
+  void count_answer(absl::StatusCode code) {
+    if (code == absl::StatusCode::kOk) {
+      stats_.answered_ok.fetch_add(1);
+    } else {
+      stats_.count_error(code);
+    }
+  }
 
   asio::awaitable<void> accept_loop(tcp::acceptor& acceptor) {
     for (;;) {
@@ -402,7 +425,49 @@ int run() {
     });
   }
   asio::co_spawn(rt.get_executor(), srv.accept_loop(acceptor), asio::detached);
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+  std::unique_ptr<ucx_front> ucx;
+  if (absl::GetFlag(FLAGS_ucx_port) >= 0) {
+    ucx_front::options uo;
+    uo.address = absl::GetFlag(FLAGS_address);
+    uo.port = absl::GetFlag(FLAGS_ucx_port);
+    uo.transports = absl::GetFlag(FLAGS_ucx_transports);
+    uo.max_body = limits.max_body;
+    uo.connection_budget = limits.connection_budget;
+    absl::StatusOr<std::unique_ptr<ucx_front>> front = ucx_front::create(
+        rt.get_executor(), uo, srv.budget(),
+        [&srv](std::shared_ptr<std::byte[]> body, std::uint32_t length) {
+          return srv.answer(std::move(body), length);
+        },
+        [&srv](absl::StatusCode code) { srv.count_answer(code); });
+    if (!front.ok()) {
+      std::fprintf(stderr, "dlasync_server: %s\n", front.status().ToString().c_str());
+      request_stop();
+    } else {
+      ucx = *std::move(front);
+      std::printf("dlasync server listening for UCX on %s:%u\n",
+                  absl::GetFlag(FLAGS_address).c_str(), ucx->port());
+      std::fflush(stdout);
+      if (!absl::GetFlag(FLAGS_ucx_port_file).empty()) {
+        std::ofstream(absl::GetFlag(FLAGS_ucx_port_file)) << ucx->port() << "\n";
+      }
+    }
+  }
+#else
+  if (absl::GetFlag(FLAGS_ucx_port) >= 0) {
+    std::fprintf(stderr, "dlasync_server: --ucx_port: this build has no UCX (libucx-dev)\n");
+    request_stop();
+  }
+#endif
   stop.get_future().wait();
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+  if (ucx) {
+    ucx->stop();
+    std::printf("dlasync server UCX transport: %llu connections, %.1f MiB received\n",
+                static_cast<unsigned long long>(ucx->connections()),
+                static_cast<double>(ucx->bytes_received()) / (1 << 20));
+  }
+#endif
 
   asio::post(rt.get_executor(), [&] {
     asio::error_code ignored;

@@ -97,7 +97,7 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
           "this runtime has a remote node already; a runtime has one UCX worker: share its node");
     }
   }
-  auto worker = remote_detail::ucx_worker::create(rt.get_executor(), options.transports);
+  auto worker = ucx_worker::create(rt.get_executor(), options.transports);
   if (!worker.ok()) {
     std::lock_guard lock(nodes_mutex());
     nodes().erase(&rt);

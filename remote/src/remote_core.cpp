@@ -42,8 +42,7 @@ using remote_detail::hold_release;
 using remote_detail::hold_reply;
 using remote_detail::hold_request;
 
-remote_core::remote_core(runtime& rt, remote_node_options options,
-                         std::shared_ptr<remote_detail::ucx_worker> ucx)
+remote_core::remote_core(runtime& rt, remote_node_options options, std::shared_ptr<ucx_worker> ucx)
     : rt_(rt), options_(std::move(options)), ucx_(std::move(ucx)), executor_(rt.get_executor()) {
   std::random_device random;
   lease_seed_ = (static_cast<std::uint64_t>(random()) << 32) ^ random();

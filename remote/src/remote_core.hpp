@@ -25,11 +25,12 @@
 #include "asio/steady_timer.hpp"
 #include "dlasync/remote/descriptor.hpp"
 #include "dlasync/remote/node.hpp"
+#include "dlasync/remote/ucx_worker.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"
 #include "remote/src/protocol.hpp"
-#include "remote/src/ucx_worker.hpp"
+#include "remote/src/ucx_error.hpp"
 
 namespace dlasync::detail {
 
@@ -71,14 +72,13 @@ struct exporter_endpoint {
 
 class remote_core : public std::enable_shared_from_this<remote_core> {
  public:
-  remote_core(runtime& rt, remote_node_options options,
-              std::shared_ptr<remote_detail::ucx_worker> ucx);
+  remote_core(runtime& rt, remote_node_options options, std::shared_ptr<ucx_worker> ucx);
   ~remote_core();
 
   runtime& rt() noexcept { return rt_; }
   asio::any_io_executor executor() const { return executor_; }
   const remote_node_options& options() const noexcept { return options_; }
-  remote_detail::ucx_worker& ucx() noexcept { return *ucx_; }
+  ucx_worker& ucx() noexcept { return *ucx_; }
 
   // Registers the active-message handlers and starts progress.
   absl::Status start();
@@ -134,7 +134,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
 
   runtime& rt_;
   const remote_node_options options_;
-  std::shared_ptr<remote_detail::ucx_worker> ucx_;
+  std::shared_ptr<ucx_worker> ucx_;
   asio::any_io_executor executor_;
   bool stopping_ = false;
 

@@ -1,9 +1,13 @@
-#include "remote/src/ucx_worker.hpp"
+#include "dlasync/remote/ucx_worker.hpp"
+
+#include <poll.h>
 
 #include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "asio/post.hpp"
+#include "remote/src/ucx_error.hpp"
 
 namespace dlasync::remote_detail {
 
@@ -26,12 +30,16 @@ absl::Status ucx_error(ucs_status_t status, const std::string& what) {
   }
 }
 
+}  // namespace dlasync::remote_detail
+
+namespace dlasync {
+
 absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
     const asio::any_io_executor& executor, const std::string& transports) {
   std::shared_ptr<ucx_worker> w(new ucx_worker());
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
-    return ucx_error(s, "reading UCX's configuration failed");
+    return remote_detail::ucx_error(s, "reading UCX's configuration failed");
   }
   if (!transports.empty()) {
     if (ucs_status_t s = ucp_config_modify(config, "TLS", transports.c_str()); s != UCS_OK) {
@@ -50,19 +58,19 @@ absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
   ucp_config_release(config);
   if (s != UCS_OK) {
     w->context_ = nullptr;
-    return ucx_error(s, "UCX could not start (ucp_init)");
+    return remote_detail::ucx_error(s, "UCX could not start (ucp_init)");
   }
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   if (s = ucp_worker_create(w->context_, &wp, &w->worker_); s != UCS_OK) {
     w->worker_ = nullptr;
-    return ucx_error(s, "UCX could not create a worker");
+    return remote_detail::ucx_error(s, "UCX could not create a worker");
   }
   ucp_address_t* address = nullptr;
   std::size_t length = 0;
   if (s = ucp_worker_get_address(w->worker_, &address, &length); s != UCS_OK) {
-    return ucx_error(s, "UCX could not give its worker's address");
+    return remote_detail::ucx_error(s, "UCX could not give its worker's address");
   }
   w->address_.assign(reinterpret_cast<const char*>(address), length);
   ucp_worker_release_address(w->worker_, address);
@@ -74,7 +82,7 @@ absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
   }
   int fd = -1;
   if (s = ucp_worker_get_efd(w->worker_, &fd); s != UCS_OK) {
-    return ucx_error(s, "UCX gave no event descriptor for its worker");
+    return remote_detail::ucx_error(s, "UCX gave no event descriptor for its worker");
   }
   w->events_ = std::make_unique<asio::posix::stream_descriptor>(executor, fd);
   return w;
@@ -147,16 +155,32 @@ void ucx_worker::progress() {
 }
 
 void ucx_worker::watch() {
-  events_->async_wait(asio::posix::stream_descriptor::wait_read,
-                      [weak = weak_from_this()](const asio::error_code& ec) {
-                        if (ec) return;  // operation_aborted: stopped
-                        if (std::shared_ptr<ucx_worker> self = weak.lock()) self->on_readable();
-                      });
+  if (!waiting_) {
+    waiting_ = true;
+    events_->async_wait(asio::posix::stream_descriptor::wait_read,
+                        [weak = weak_from_this()](const asio::error_code& ec) {
+                          if (std::shared_ptr<ucx_worker> self = weak.lock()) {
+                            self->on_readable(true, ec);
+                          }
+                        });
+  }
+  // Asio watches descriptors edge-triggered, and an async_wait is never
+  // completed from readiness seen before it was made: an event that came
+  // between the last arm and the wait's registration would be lost, and the
+  // worker would sleep with work pending. So look once, now that the wait is
+  // in place, and progress again if the descriptor is readable already.
+  pollfd p{events_->native_handle(), POLLIN, 0};
+  if (::poll(&p, 1, 0) > 0) {
+    asio::post(events_->get_executor(), [weak = weak_from_this()] {
+      if (std::shared_ptr<ucx_worker> self = weak.lock()) self->on_readable(false, {});
+    });
+  }
 }
 
-void ucx_worker::on_readable() {
+void ucx_worker::on_readable(bool from_wait, const asio::error_code& ec) {
   std::lock_guard lock(mutex_);
-  if (stopped_) return;
+  if (from_wait) waiting_ = false;
+  if (stopped_ || ec) return;  // operation_aborted: stopped
   progress();
   watch();
 }
@@ -167,4 +191,4 @@ void ucx_worker::stop() {
   if (events_) events_->cancel(ignored);
 }
 
-}  // namespace dlasync::remote_detail
+}  // namespace dlasync

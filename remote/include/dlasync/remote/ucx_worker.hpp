@@ -1,14 +1,28 @@
-// One UCX context and worker, driven from an Asio executor (internal).
+// dlasync/remote/ucx_worker.hpp
 //
-// `ucx_worker` owns the UCX context (RMA, active messages, wakeup) and its
-// worker, created in UCS_THREAD_MODE_SERIALIZED: every UCX call dlasync makes
-// on them holds `mutex()`, and UCX's callbacks (request completions, active
-// messages, endpoint errors) run inside `progress()`, so they hold it too.
-// Progress is driven by the worker's event file descriptor, watched by an
-// `asio::posix::stream_descriptor` on the executor: when it is readable, the
-// worker is progressed until idle and re-armed (ucp_worker_arm); nothing
-// spins. Code that starts UCX operations calls `progress()` afterwards, as
-// UCX asks before sleeping on the descriptor again.
+// `dlasync::ucx_worker` is one UCX context and worker driven from an Asio
+// executor: what a remote_node runs on, and what a program that speaks its
+// own UCX protocol beside dlasync can use (the inference-server example's
+// UCX transport does). It owns the UCX context (RMA, active messages,
+// wakeup) and its worker, created in UCS_THREAD_MODE_SERIALIZED: every UCX
+// call on them must hold `mutex()`, and UCX's callbacks (request
+// completions, active messages, endpoint errors) run inside `progress()`,
+// so they hold it too. Progress is driven by the worker's event file
+// descriptor, watched by an `asio::posix::stream_descriptor` on the
+// executor: when it is readable, the worker is progressed until idle and
+// re-armed (ucp_worker_arm); nothing spins. Code that starts UCX operations
+// calls `progress()` afterwards, as UCX asks before sleeping on the
+// descriptor again.
+//
+// Example:
+//
+//   auto w = dlasync::ucx_worker::create(rt->get_executor(), "tcp");
+//   { std::lock_guard lock((*w)->mutex()); ucp_worker_set_am_recv_handler((*w)->worker(), &p); }
+//   (*w)->start();
+//   ...
+//   { std::lock_guard lock((*w)->mutex()); (*w)->finalize(); }
+//
+// Thread safety: the members hold or require the mutex as each says.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +37,7 @@
 #include "asio/any_io_executor.hpp"
 #include "asio/posix/stream_descriptor.hpp"
 
-namespace dlasync::remote_detail {
-
-// A UCX status as an absl status with `what` in front: UCS_ERR_NO_MEMORY as
-// ResourceExhausted, timeouts as DeadlineExceeded, a lost peer as
-// Unavailable, a cancelled request as Cancelled, the rest as Internal.
-absl::Status ucx_error(ucs_status_t status, const std::string& what);
+namespace dlasync {
 
 class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
  public:
@@ -66,7 +75,9 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
  private:
   ucx_worker() = default;
   void watch();
-  void on_readable();
+  // From the wait's completion, or from a look that found the descriptor
+  // readable (watch).
+  void on_readable(bool from_wait, const asio::error_code& ec);
 
   std::mutex mutex_;
   ucp_context_h context_ = nullptr;
@@ -75,7 +86,8 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   bool cuda_memory_ = false;
   bool stopped_ = false;
   bool progressing_ = false;
+  bool waiting_ = false;  // an async_wait is pending
   std::unique_ptr<asio::posix::stream_descriptor> events_;
 };
 
-}  // namespace dlasync::remote_detail
+}  // namespace dlasync

@@ -1,0 +1,189 @@
+#include "ucx_client.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <arpa/inet.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "absl/strings/str_cat.h"
+#include "dlasync/remote/ucx_worker.hpp"
+#include "ucx_front.hpp"
+
+namespace dlasync::examples {
+namespace {
+
+// Bytes of a request that travel as the message's header; the rest is its
+// data (eager when small, rendezvous when large).
+constexpr std::size_t header_part = 1024;
+
+struct link {
+  ucp_ep_h ep = nullptr;
+  bool broken = false;
+  std::optional<std::vector<std::byte>> answer;
+};
+
+}  // namespace
+
+struct ucx_client::state {
+  std::shared_ptr<ucx_worker> ucx;
+  std::condition_variable answered;  // with ucx->mutex()
+  std::vector<std::unique_ptr<link>> links;
+  bool stopped = false;
+
+  link* find_locked(ucp_ep_h ep) {
+    for (auto& l : links) {
+      if (l->ep == ep) return l.get();
+    }
+    return nullptr;
+  }
+
+  static ucs_status_t on_response(void* arg, const void* header, std::size_t header_length, void*,
+                                  std::size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<state*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;
+    link* l = self->find_locked(param->reply_ep);
+    if (l == nullptr) return UCS_OK;
+    const auto* b = static_cast<const std::byte*>(header);
+    l->answer.emplace(b, b + header_length);
+    self->answered.notify_all();
+    return UCS_OK;
+  }
+
+  static void on_error(void* arg, ucp_ep_h ep, ucs_status_t) {
+    auto* self = static_cast<state*>(arg);
+    if (link* l = self->find_locked(ep)) l->broken = true;
+    self->answered.notify_all();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<ucx_client>> ucx_client::create(asio::any_io_executor executor,
+                                                               const std::string& transports) {
+  auto s = std::make_shared<state>();
+  absl::StatusOr<std::shared_ptr<ucx_worker>> w = ucx_worker::create(executor, transports);
+  if (!w.ok()) return w.status();
+  s->ucx = *std::move(w);
+  {
+    std::lock_guard lock(s->ucx->mutex());
+    ucp_am_handler_param_t h{};
+    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    h.id = ucx_response_am;
+    h.cb = &state::on_response;
+    h.arg = s.get();
+    if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->ucx->worker(), &h); st != UCS_OK) {
+      s->ucx->finalize();
+      return absl::InternalError(absl::StrCat("UCX: ", ucs_status_string(st)));
+    }
+  }
+  s->ucx->start();
+  return std::unique_ptr<ucx_client>(new ucx_client(std::move(s)));
+}
+
+ucx_client::~ucx_client() {
+  stop();
+}
+
+absl::StatusOr<int> ucx_client::connect(const std::string& host, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--host=", host, " is not an IPv4 address"));
+  }
+  std::lock_guard lock(state_->ucx->mutex());
+  auto l = std::make_unique<link>();
+  ucp_ep_params_t p{};
+  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+  p.sockaddr.addrlen = sizeof(addr);
+  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  p.err_handler.cb = &state::on_error;
+  p.err_handler.arg = state_.get();
+  if (ucs_status_t st = ucp_ep_create(state_->ucx->worker(), &p, &l->ep); st != UCS_OK) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to ", host, ":", port, " over UCX: ", ucs_status_string(st)));
+  }
+  state_->links.push_back(std::move(l));
+  state_->ucx->progress();
+  return static_cast<int>(state_->links.size() - 1);
+}
+
+absl::StatusOr<response> ucx_client::call(int c, std::span<const std::byte> frame,
+                                          std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state_->ucx->mutex());
+  link& l = *state_->links.at(static_cast<std::size_t>(c));
+  if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
+  l.answer.reset();
+  // The frame is copied: UCX reads it until the send completes, which may
+  // be after a timeout here.
+  auto* copy = new std::vector<std::byte>(frame.begin(), frame.end());
+  const std::size_t head = std::min(copy->size(), header_part);
+  ucp_request_param_t p{};
+  p.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  p.flags = UCP_AM_SEND_FLAG_REPLY;
+  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    delete static_cast<std::vector<std::byte>*>(user_data);
+    ucp_request_free(request);
+  };
+  p.user_data = copy;
+  ucs_status_ptr_t s = ucp_am_send_nbx(l.ep, ucx_request_am, copy->data(), head,
+                                       copy->data() + head, copy->size() - head, &p);
+  if (s == nullptr || UCS_PTR_IS_ERR(s)) delete copy;
+  if (UCS_PTR_IS_ERR(s)) {
+    return absl::UnavailableError(
+        absl::StrCat("UCX send failed: ", ucs_status_string(UCS_PTR_STATUS(s))));
+  }
+  state_->ucx->progress();
+  const bool done = state_->answered.wait_for(
+      lock, timeout, [&] { return l.answer.has_value() || l.broken || state_->stopped; });
+  if (!l.answer) {
+    return done ? absl::UnavailableError("the UCX connection broke before the response")
+                : absl::DeadlineExceededError("no response over UCX in time");
+  }
+  const std::vector<std::byte> bytes = std::move(*l.answer);
+  l.answer.reset();
+  if (bytes.size() < frame_header_bytes) return absl::InvalidArgumentError("short response");
+  absl::StatusOr<std::uint32_t> length = read_frame_header(
+      std::span<const std::byte, frame_header_bytes>(bytes.data(), frame_header_bytes),
+      response_magic, 1 << 20);
+  if (!length.ok()) return length.status();
+  if (*length != bytes.size() - frame_header_bytes) {
+    return absl::InvalidArgumentError("a response whose length disagrees with its frame");
+  }
+  return parse_response(std::span(bytes).subspan(frame_header_bytes));
+}
+
+void ucx_client::stop() {
+  std::lock_guard lock(state_->ucx->mutex());
+  if (state_->stopped) return;
+  state_->stopped = true;
+  std::vector<void*> closing;
+  for (auto& l : state_->links) {
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(l->ep, &p);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
+  }
+  for (void* r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS)
+      ucp_worker_progress(state_->ucx->worker());
+    ucp_request_free(r);
+  }
+  state_->answered.notify_all();
+  state_->ucx->finalize();
+}
+
+}  // namespace dlasync::examples

@@ -1,0 +1,75 @@
+// The inference server's UCX transport: the same requests and responses as
+// the TCP frames (frame.hpp), carried as UCX active messages.
+//
+// A client connects to the server's UCX listener (`--ucx_port`) and sends
+// each request as one active message (id `ucx_request_am`) with
+// UCP_AM_SEND_FLAG_REPLY: its header is the request frame's first bytes
+// (at least the 8-byte frame header), its data the rest of the frame, which
+// UCX carries eagerly when small and by rendezvous when large. The server
+// checks the frame header (magic, body length against --max_frame_mib and
+// against what the message carries) and the budgets before it takes any of
+// the data: a rendezvous payload is received straight into a buffer granted
+// by the server's memory budget, once granted. The body then goes through
+// the same handler as a TCP frame (parse, import, sum), and the response
+// frame returns as an active message (id `ucx_response_am`) whose header is
+// the whole frame.
+//
+// Malformed requests get the TCP transport's answers. A UCX message cannot
+// lose its framing, so a wrong magic or a body length that disagrees with the
+// message is answered (InvalidArgument) and the connection goes on.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "asio/any_io_executor.hpp"
+#include "asio/awaitable.hpp"
+#include "dlasync/dlasync.hpp"
+#include "frame.hpp"
+
+namespace dlasync::examples {
+
+inline constexpr unsigned ucx_request_am = 0x51;
+inline constexpr unsigned ucx_response_am = 0x52;
+
+class ucx_front {
+ public:
+  using handler_fn =
+      std::function<asio::awaitable<response>(std::shared_ptr<std::byte[]>, std::uint32_t)>;
+  using counter_fn = std::function<void(absl::StatusCode)>;
+
+  struct options {
+    std::string address = "127.0.0.1";
+    int port = 0;            // 0: a free one (port() says which)
+    std::string transports;  // UCX_TLS's syntax; empty: UCX's choice
+    std::uint32_t max_body = 0;
+    std::uint64_t connection_budget = 0;
+  };
+
+  // Listens; requests are answered by `handle`, each answer counted by
+  // `count`. The budget bounds the received bodies, as for TCP.
+  static absl::StatusOr<std::unique_ptr<ucx_front>> create(asio::any_io_executor executor,
+                                                           options o,
+                                                           std::shared_ptr<memory_budget> budget,
+                                                           handler_fn handle, counter_fn count);
+  ~ucx_front();
+
+  unsigned short port() const;
+  std::uint64_t connections() const;
+  std::uint64_t bytes_received() const;
+
+  // Stops listening, closes every connection and UCX. Requests still being
+  // handled finish without an answer. Not from the executor's threads.
+  void stop();
+
+  struct state;
+
+ private:
+  explicit ucx_front(std::shared_ptr<state> s) : state_(std::move(s)) {}
+  std::shared_ptr<state> state_;
+};
+
+}  // namespace dlasync::examples
