@@ -316,6 +316,34 @@ malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, const serv
   return m;
 }
 
+// Counts a valid request's answer, or reports how it is wrong.
+void check_answer(load_stats& stats, const char* transport, std::uint64_t id,
+                  const valid_request& v, const response& r) {
+  if (r.id != id || r.code != absl::StatusCode::kOk || r.sum != v.sum || r.count != v.count) {
+    stats.problem(absl::StrCat(transport, "request ", id, ": got id ", r.id, " ",
+                               absl::StatusCodeToString(r.code), " sum ", r.sum, " count ", r.count,
+                               " (", r.text, "), expected sum ", v.sum, " count ", v.count));
+  } else {
+    stats.valid_ok.fetch_add(1);
+  }
+}
+
+// Counts a malformed request's refusal when it is the one it deserves, or
+// reports it; true when it was.
+bool check_refusal(load_stats& stats, const char* transport, const malformed_request& m,
+                   const absl::StatusOr<response>& r) {
+  if (!r.ok() || r->code != m.expected || r->text.find(m.expected_word) == std::string::npos) {
+    stats.problem(
+        absl::StrCat(transport, "malformed frame kind ", static_cast<int>(m.kind), ": expected ",
+                     absl::StatusCodeToString(m.expected), " \"", m.expected_word, "\", got ",
+                     r.ok() ? absl::StrCat(absl::StatusCodeToString(r->code), " ", r->text)
+                            : r.status().ToString()));
+    return false;
+  }
+  stats.malformed_answered.fetch_add(1);
+  return true;
+}
+
 asio::awaitable<absl::StatusOr<response>> read_response(tcp::socket& socket) {
   std::array<std::byte, frame_header_bytes> header;
   auto [ec, n] = co_await asio::async_read(socket, asio::buffer(header), as_tuple_awaitable);
@@ -374,15 +402,7 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
         continue;
       }
       absl::StatusOr<response> r = co_await read_response(socket);
-      if (!r.ok() || r->code != m.expected || r->text.find(m.expected_word) == std::string::npos) {
-        stats.problem(
-            absl::StrCat("malformed frame kind ", static_cast<int>(m.kind), ": expected ",
-                         absl::StatusCodeToString(m.expected), " \"", m.expected_word, "\", got ",
-                         r.ok() ? absl::StrCat(absl::StatusCodeToString(r->code), " ", r->text)
-                                : r.status().ToString()));
-      } else {
-        stats.malformed_answered.fetch_add(1);
-      }
+      check_refusal(stats, "", m, r);
       if (m.kind == malformed_kind::wrong_magic) {
         stats.reconnects.fetch_add(1);
         if (const bool up = co_await connect(socket, server); !up) {
@@ -406,14 +426,7 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
       co_return;
     }
     stats.latency.add(clock::now() - start);
-    if (r->id != id || r->code != absl::StatusCode::kOk || r->sum != v.sum || r->count != v.count) {
-      stats.problem(absl::StrCat("request ", id, ": got id ", r->id, " ",
-                                 absl::StatusCodeToString(r->code), " sum ", r->sum, " count ",
-                                 r->count, " (", r->text, "), expected sum ", v.sum, " count ",
-                                 v.count));
-    } else {
-      stats.valid_ok.fetch_add(1);
-    }
+    check_answer(stats, "", id, v, *r);
   }
 }
 
@@ -450,16 +463,7 @@ void drive_ucx(int index, ucx_client& client, clock::time_point stop_at, load_st
       }
       stats.bytes_sent.fetch_add(m.frame.size());
       absl::StatusOr<response> r = client.call(*c, m.frame, timeout);
-      if (!r.ok() || r->code != m.expected || r->text.find(m.expected_word) == std::string::npos) {
-        stats.problem(
-            absl::StrCat("UCX malformed frame kind ", static_cast<int>(m.kind), ": expected ",
-                         absl::StatusCodeToString(m.expected), " \"", m.expected_word, "\", got ",
-                         r.ok() ? absl::StrCat(absl::StatusCodeToString(r->code), " ", r->text)
-                                : r.status().ToString()));
-        if (!r.ok()) return;
-      } else {
-        stats.malformed_answered.fetch_add(1);
-      }
+      if (!check_refusal(stats, "UCX ", m, r) && !r.ok()) return;
       continue;
     }
     valid_request v = make_valid(id, rng, absl::GetFlag(FLAGS_max_elements));
@@ -471,14 +475,7 @@ void drive_ucx(int index, ucx_client& client, clock::time_point stop_at, load_st
       return;
     }
     stats.latency.add(clock::now() - start);
-    if (r->id != id || r->code != absl::StatusCode::kOk || r->sum != v.sum || r->count != v.count) {
-      stats.problem(absl::StrCat("UCX request ", id, ": got id ", r->id, " ",
-                                 absl::StatusCodeToString(r->code), " sum ", r->sum, " count ",
-                                 r->count, " (", r->text, "), expected sum ", v.sum, " count ",
-                                 v.count));
-    } else {
-      stats.valid_ok.fetch_add(1);
-    }
+    check_answer(stats, "UCX ", id, v, *r);
   }
 }
 #endif
