@@ -73,15 +73,10 @@ absl::StatusOr<std::unique_ptr<ucx_client>> ucx_client::create(asio::any_io_exec
   s->ucx = *std::move(w);
   {
     std::lock_guard lock(s->ucx->mutex());
-    ucp_am_handler_param_t h{};
-    h.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
-    h.id = ucx_response_am;
-    h.cb = &state::on_response;
-    h.arg = s.get();
-    if (ucs_status_t st = ucp_worker_set_am_recv_handler(s->ucx->worker(), &h); st != UCS_OK) {
+    if (absl::Status st = s->ucx->set_am_handler(ucx_response_am, &state::on_response, s.get());
+        !st.ok()) {
       s->ucx->finalize();
-      return absl::InternalError(absl::StrCat("UCX: ", ucs_status_string(st)));
+      return st;
     }
   }
   s->ucx->start();

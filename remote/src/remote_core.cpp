@@ -63,16 +63,7 @@ absl::Status remote_core::start() {
         {remote_detail::am_fetch_data, &remote_core::on_am_fetch_data},
     };
     for (const auto& [id, cb] : handlers) {
-      ucp_am_handler_param_t p{};
-      p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                     UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
-      p.id = id;
-      p.cb = cb;
-      p.arg = this;
-      p.flags = UCP_AM_FLAG_WHOLE_MSG;
-      if (ucs_status_t s = ucp_worker_set_am_recv_handler(ucx_->worker(), &p); s != UCS_OK) {
-        return remote_detail::ucx_error(s, "UCX refused an active-message handler");
-      }
+      if (absl::Status s = ucx_->set_am_handler(id, cb, this); !s.ok()) return s;
     }
   }
   ucx_->start();

@@ -133,6 +133,21 @@ std::string ucx_worker::transports() const {
   return out.empty() ? "unknown" : out;
 }
 
+absl::Status ucx_worker::set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  p.id = id;
+  p.cb = cb;
+  p.arg = arg;
+  p.flags = UCP_AM_FLAG_WHOLE_MSG;
+  if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p); s != UCS_OK) {
+    return remote_detail::ucx_error(s,
+                                    absl::StrCat("UCX refused a handler for active message ", id));
+  }
+  return absl::OkStatus();
+}
+
 void ucx_worker::start() {
   std::lock_guard lock(mutex_);
   progress();

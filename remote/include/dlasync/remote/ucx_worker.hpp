@@ -17,7 +17,7 @@
 // Example:
 //
 //   auto w = dlasync::ucx_worker::create(rt->get_executor(), "tcp");
-//   { std::lock_guard lock((*w)->mutex()); ucp_worker_set_am_recv_handler((*w)->worker(), &p); }
+//   { std::lock_guard lock((*w)->mutex()); (*w)->set_am_handler(id, &on_message, this); }
 //   (*w)->start();
 //   ...
 //   { std::lock_guard lock((*w)->mutex()); (*w)->finalize(); }
@@ -59,6 +59,11 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   bool cuda_memory() const noexcept { return cuda_memory_; }
   // The transports UCX uses here (ucp_worker_print_info's list).
   std::string transports() const;
+
+  // Registers `cb` (with `arg`) for the active messages `id`, delivered
+  // whole (UCP_AM_FLAG_WHOLE_MSG). Requires the mutex. Internal when UCX
+  // refuses, naming its status.
+  absl::Status set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
   // Starts watching the event descriptor. Call once, without the mutex.
   void start();
