@@ -1,4 +1,6 @@
-// GPU benchmarks: imports against cudaMemcpyAsync measured in the same run.
+// GPU benchmarks: imports against cudaMemcpyAsync, each pair timed
+// interleaved (paired.hpp); the tables print the median of the
+// per-repetition ratios with the lowest and highest.
 //
 //   dlasync_bench_gpu [google benchmark flags]
 //   DLASYNC_CUDA=real (default) or sim:N   which CUDA runtime
@@ -19,7 +21,7 @@
 #include <benchmark/benchmark.h>
 
 #include "concurrent.hpp"
-#include "median_reporter.hpp"
+#include "paired.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -97,144 +99,125 @@ absl::Status import_once(DLManagedTensorVersioned& m, const dlasync::import_opti
   return dlasync::async_import_dlpack(*rt, source, o, asio::use_future).get().status();
 }
 
-// Imports in a loop, after one untimed import that brings the memory it
-// uses (pools, caches, pages) into its steady state.
-void import_loop(benchmark::State& state, DLManagedTensorVersioned& m,
-                 const dlasync::import_options& o, std::int64_t bytes) {
+// One cudaMemcpyAsync on stream `s`, waited for on the host.
+bool memcpy_once(dlasync::gpu_stream& s, void* dst, const void* src, std::int64_t n) {
+  return s.copy_async(dst, src, static_cast<std::size_t>(n)).ok() && s.synchronize().ok();
+}
+
+// A pair: `base` (cudaMemcpyAsync from `src` to `dst`, waited for) against
+// an import of `m` with `o`, one of each per half, after one untimed run of
+// each: the memory both use (pools, caches, pages) is in its steady state.
+void import_against_memcpy(benchmark::State& state, DLManagedTensorVersioned& m,
+                           const dlasync::import_options& o, void* dst, const void* src,
+                           std::int64_t memcpy_bytes, std::int64_t bytes) {
+  dlasync::gpu_stream s = new_stream();
   if (absl::Status warm = import_once(m, o); !warm.ok()) {
     state.SkipWithError(std::string(warm.message()).c_str());
     return;
   }
-  for (auto _ : state) {
-    if (absl::Status s = import_once(m, o); !s.ok()) {
-      state.SkipWithError(std::string(s.message()).c_str());
-    }
+  if (!memcpy_once(s, dst, src, memcpy_bytes)) {
+    state.SkipWithError("cudaMemcpyAsync failed");
+    return;
   }
-  state.SetBytesProcessed(state.iterations() * bytes);
+  bool failed = false;
+  dlasync::bench::run_pair(
+      state, 1, [&] { failed |= !memcpy_once(s, dst, src, memcpy_bytes); },
+      [&] { failed |= !import_once(m, o).ok(); }, static_cast<double>(bytes));
+  if (failed) state.SkipWithError("a copy or an import failed");
 }
 
-void h2d_import(benchmark::State& state) {
+// Host to device: a pageable host tensor imported onto cuda:0 (the staging
+// pipeline) against cudaMemcpyAsync of the same bytes from pinned memory
+// (`pinned`) or from the same pageable memory.
+void h2d(benchmark::State& state, bool pinned) {
   const std::int64_t n = state.range(0);
   std::vector<char> host(static_cast<std::size_t>(n), 1);
   std::int64_t shape[1] = {n / 4};
   DLManagedTensorVersioned m = describe(host.data(), dlasync::host_device, shape, nullptr, 1);
   dlasync::import_options o;
-  o.target = dlasync::device{dlasync::device_kind::cuda, 0};
-  import_loop(state, m, o, n);
-}
-
-// cudaMemcpyAsync, each copy waited for on the host before the next.
-void memcpy_loop(benchmark::State& state, void* dst, const void* src, std::int64_t n) {
-  dlasync::gpu_stream s = new_stream();
-  // One untimed copy first: the pages of both sides are touched.
-  (void)s.copy_async(dst, src, static_cast<std::size_t>(n));
-  (void)s.synchronize();
-  for (auto _ : state) {
-    if (!s.copy_async(dst, src, static_cast<std::size_t>(n)).ok() || !s.synchronize().ok()) {
-      state.SkipWithError("cudaMemcpyAsync failed");
-    }
+  o.target = gpu0;
+  device_block d(static_cast<std::size_t>(n));
+  if (pinned) {
+    dlasync::device_buffer staging = allocate(pinned_host, static_cast<std::size_t>(n));
+    std::memset(staging.data(), 1, static_cast<std::size_t>(n));
+    import_against_memcpy(state, m, o, d.data, staging.data(), n, n);
+  } else {
+    import_against_memcpy(state, m, o, d.data, host.data(), n, n);
   }
-  state.SetBytesProcessed(state.iterations() * n);
 }
 
-void h2d_pinned(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  dlasync::device_buffer pinned = allocate(pinned_host, static_cast<std::size_t>(n));
-  device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, d.data, pinned.data(), n);
-}
-
-void h2d_pageable(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  std::vector<char> host(static_cast<std::size_t>(n), 1);
-  device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, d.data, host.data(), n);
-}
-
-void d2h_import(benchmark::State& state) {
+// Device to host: cuda:0 memory imported to the host against
+// cudaMemcpyAsync into pinned or pageable memory.
+void d2h(benchmark::State& state, bool pinned) {
   const std::int64_t n = state.range(0);
   device_block d(static_cast<std::size_t>(n));
   std::int64_t shape[1] = {n / 4};
-  DLManagedTensorVersioned m = describe(d.data, {dlasync::device_kind::cuda, 0}, shape, nullptr, 1);
+  DLManagedTensorVersioned m = describe(d.data, gpu0, shape, nullptr, 1);
   dlasync::import_options o;
   o.target = dlasync::host_device;
-  import_loop(state, m, o, n);
+  if (pinned) {
+    dlasync::device_buffer to = allocate(pinned_host, static_cast<std::size_t>(n));
+    import_against_memcpy(state, m, o, to.data(), d.data, n, n);
+  } else {
+    std::vector<char> to(static_cast<std::size_t>(n));
+    import_against_memcpy(state, m, o, to.data(), d.data, n, n);
+  }
 }
 
-void d2h_pinned(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  dlasync::device_buffer pinned = allocate(pinned_host, static_cast<std::size_t>(n));
-  device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, pinned.data(), d.data, n);
-}
-
-void d2h_pageable(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  std::vector<char> host(static_cast<std::size_t>(n));
-  device_block d(static_cast<std::size_t>(n));
-  memcpy_loop(state, host.data(), d.data, n);
-}
-
-void d2d_import(benchmark::State& state, bool transposed) {
+// Device to device: a copy=true import of a compact tensor, or the
+// compaction of its transpose, against a device-to-device cudaMemcpyAsync
+// of the same bytes.
+void d2d(benchmark::State& state, bool transposed) {
   const std::int64_t n = state.range(0);
   device_block d(static_cast<std::size_t>(n));
+  device_block other(static_cast<std::size_t>(n));
   std::int64_t side = 1;
   while ((side * 2) * (side * 2) * 4 <= n) side *= 2;
   std::int64_t shape[2] = {side, side};
   std::int64_t strides[2] = {1, side};
-  DLManagedTensorVersioned m =
-      describe(d.data, {dlasync::device_kind::cuda, 0}, shape, transposed ? strides : nullptr, 2);
+  DLManagedTensorVersioned m = describe(d.data, gpu0, shape, transposed ? strides : nullptr, 2);
   dlasync::import_options o;
   o.copy = true;
   o.require_contiguous = true;
-  import_loop(state, m, o, side * side * 4);
-}
-
-void d2d_memcpy(benchmark::State& state) {
-  const std::int64_t n = state.range(0);
-  device_block a(static_cast<std::size_t>(n));
-  device_block b(static_cast<std::size_t>(n));
-  memcpy_loop(state, b.data, a.data, n);
+  const std::int64_t bytes = side * side * 4;
+  import_against_memcpy(state, m, o, other.data, d.data, bytes, bytes);
 }
 
 // Small host-to-device imports from many coroutines on the runtime's
-// executor: each imports 1 KiB tensors (16x16 float32) one after the other;
-// items per second is imports per second.
+// executor, each importing 1 KiB tensors (16x16 float32) one after the
+// other, against one thread doing the same number of 1 KiB pageable
+// cudaMemcpyAsync calls, each waited for, as a framework's synchronous copy
+// does.
 constexpr int small_coroutines = 64;
 constexpr int small_imports_each = 16;
 
-void small_h2d_imports(benchmark::State& state) {
+void small_h2d(benchmark::State& state) {
   std::vector<std::vector<float>> hosts(small_coroutines, std::vector<float>(256, 1.0f));
   std::int64_t shape[2] = {16, 16};
   dlasync::import_options o;
-  o.target = dlasync::device{dlasync::device_kind::cuda, 0};
+  o.target = gpu0;
   std::atomic<bool> failed{false};
-  dlasync::bench::run_concurrently(
-      state, *rt, small_coroutines, small_imports_each, [&](int c) -> asio::awaitable<void> {
-        for (int i = 0; i < small_imports_each; ++i) {
-          DLManagedTensorVersioned m =
-              describe(hosts[c].data(), dlasync::host_device, shape, nullptr, 2);
-          dlasync::managed_tensor source(&m);
-          absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(*rt, source, o);
-          if (!t.ok()) failed = true;
-        }
-      });
-  if (failed) state.SkipWithError("a small import failed");
-}
-
-// The baseline: 1 KiB pageable cudaMemcpyAsync calls from one thread, each
-// waited for before the next, as a framework's synchronous copy does.
-void small_h2d_memcpy_sync(benchmark::State& state) {
+  auto imports = [&](int c) -> asio::awaitable<void> {
+    for (int i = 0; i < small_imports_each; ++i) {
+      DLManagedTensorVersioned m =
+          describe(hosts[c].data(), dlasync::host_device, shape, nullptr, 2);
+      dlasync::managed_tensor source(&m);
+      absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(*rt, source, o);
+      if (!t.ok()) failed = true;
+    }
+  };
   std::vector<float> host(256, 1.0f);
   device_block d(1024);
   dlasync::gpu_stream s = new_stream();
-  for (auto _ : state) {
-    for (int i = 0; i < small_coroutines * small_imports_each; ++i) {
-      (void)s.copy_async(d.data, host.data(), 1024);
-      (void)s.synchronize();
-    }
-  }
-  state.SetItemsProcessed(state.iterations() * small_coroutines * small_imports_each);
+  dlasync::bench::run_pair(
+      state, 1,
+      [&] {
+        for (int i = 0; i < small_coroutines * small_imports_each; ++i) {
+          failed = failed || !memcpy_once(s, d.data, host.data(), 1024);
+        }
+      },
+      [&] { dlasync::bench::run_concurrently(*rt, small_coroutines, imports); });
+  if (failed) state.SkipWithError("a small import or copy failed");
 }
 
 // Completion latency, p50 and p99, printed after the table.
@@ -343,71 +326,72 @@ int main(int argc, char** argv) {
     return 0;
   }
   rt = created->get();
-  dlasync::bench::initialize_with_medians(argc, argv);
+  dlasync::bench::initialize_with_repetitions(argc, argv);
   for (std::int64_t b : sizes()) {
-    benchmark::RegisterBenchmark("h2d/import_pageable", h2d_import)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("h2d/memcpy_pinned", h2d_pinned)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("h2d/memcpy_pageable", h2d_pageable)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2h/import", d2h_import)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2h/memcpy_pinned", d2h_pinned)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2h/memcpy_pageable", d2h_pageable)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2d/import_copy", d2d_import, false)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2d/import_transposed", d2d_import, true)->Arg(b)->UseRealTime();
-    benchmark::RegisterBenchmark("d2d/memcpy", d2d_memcpy)->Arg(b)->UseRealTime();
+    benchmark::RegisterBenchmark("h2d/pinned", h2d, true)->Arg(b)->UseManualTime();
+    benchmark::RegisterBenchmark("h2d/pageable", h2d, false)->Arg(b)->UseManualTime();
+    benchmark::RegisterBenchmark("d2h/pinned", d2h, true)->Arg(b)->UseManualTime();
+    benchmark::RegisterBenchmark("d2h/pageable", d2h, false)->Arg(b)->UseManualTime();
+    benchmark::RegisterBenchmark("d2d/copy", d2d, false)->Arg(b)->UseManualTime();
+    benchmark::RegisterBenchmark("d2d/transposed", d2d, true)->Arg(b)->UseManualTime();
   }
-  benchmark::RegisterBenchmark("small/h2d_imports", small_h2d_imports)->UseRealTime();
-  benchmark::RegisterBenchmark("small/h2d_memcpy_sync", small_h2d_memcpy_sync)->UseRealTime();
-  dlasync::bench::median_reporter reporter;
+  benchmark::RegisterBenchmark("small/h2d", small_h2d)->UseManualTime();
+  dlasync::bench::pair_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   measure_latency();
   deleter_latencies deleters = measure_slow_deleters();
   benchmark::Shutdown();
 
-  auto get = [&](const std::string& k) { return reporter.ns(k); };
   const bool simulated = rt->is_simulated(gpu0);
-  std::printf("\nGPU ratio table (%s, medians of this run)\n",
-              simulated ? "SIMULATED GPU" : "real GPU");
+  const std::string kind = simulated ? "SIMULATED GPU: " : "GPU: ";
+  std::printf("\nGPU ratio table (%s)\n", simulated ? "SIMULATED GPU" : "real GPU");
   if (simulated) {
-    std::printf("simulated link %.2f GB/s each way; vs bound: rate / link rate\n", sim_link_gbps());
+    std::printf(
+        "simulated link %.2f GB/s each way: the rates are the simulation's, and say nothing of a "
+        "real GPU; an import's GB/s over the link rate is its share of the bound\n",
+        sim_link_gbps());
   }
-  std::printf("%-12s %12s %10s %12s %12s %12s\n", "path", "bytes", "GB/s", "vs bound", "vs pinned",
-              "vs pageable");
-  auto bound = [&](double rate) {
-    return simulated ? absl::StrFormat("%.2f", rate / sim_link_gbps()) : std::string("-");
+  struct question {
+    const char* name;
+    const char* title;
+    const char* baseline;
   };
-  for (std::int64_t b : sizes()) {
-    const std::string arg = absl::StrCat("/", b, "/real_time");
-    for (const char* dir : {"h2d", "d2h"}) {
-      const double imp =
-          get(absl::StrCat(dir, dir[0] == 'h' ? "/import_pageable" : "/import", arg));
-      const double pin = get(absl::StrCat(dir, "/memcpy_pinned", arg));
-      const double pag = get(absl::StrCat(dir, "/memcpy_pageable", arg));
-      if (imp > 0) {
-        const double rate = static_cast<double>(b) / imp;
-        std::printf("%-12s %12lld %10.2f %12s %12.2f %12.2f\n", dir, static_cast<long long>(b),
-                    rate, bound(rate).c_str(), pin / imp, pag / imp);
+  const question questions[] = {
+      {"h2d/pinned",
+       "host to device: pageable import against pinned cudaMemcpyAsync (at least 0.9 "
+       "from 64 MiB)",
+       "pinned"},
+      {"h2d/pageable",
+       "host to device: pageable import against pageable cudaMemcpyAsync (at "
+       "least 3 from 64 MiB)",
+       "pageable"},
+      {"d2h/pinned", "device to host: import against cudaMemcpyAsync into pinned memory", "pinned"},
+      {"d2h/pageable", "device to host: import against cudaMemcpyAsync into pageable memory",
+       "pageable"},
+      {"d2d/copy", "device to device: copy import against cudaMemcpyAsync", "d2d copy"},
+      {"d2d/transposed",
+       "device to device: transposed compaction against cudaMemcpyAsync of the "
+       "same bytes (at least 0.7)",
+       "d2d copy"},
+  };
+  for (const question& q : questions) {
+    dlasync::bench::ratio_table t("gpu", kind + q.title, q.baseline, "import");
+    for (std::int64_t b : sizes()) {
+      const std::string name = absl::StrCat(q.name, "/", b);
+      const dlasync::bench::pair_summary p = reporter.pair(name);
+      t.row(q.name, b, p, reporter.skipped(name));
+      if (simulated && p.reps > 0 && std::string(q.name).rfind("d2d", 0) != 0 && p.ns > 0) {
+        std::printf("%-30s %11s import at %.2f of the simulated link\n", "", "",
+                    p.bytes / p.ns / sim_link_gbps());
       }
     }
-    const double copy = get(absl::StrCat("d2d/import_copy", arg));
-    const double transposed = get(absl::StrCat("d2d/import_transposed", arg));
-    const double mem = get(absl::StrCat("d2d/memcpy", arg));
-    if (copy > 0 && mem > 0) {
-      std::printf("%-12s %12lld %10.2f %12s %12.2f %12s\n", "d2d copy", static_cast<long long>(b),
-                  static_cast<double>(b) / copy, "-", mem / copy, "-");
-    }
-    if (transposed > 0 && mem > 0) {
-      std::printf("%-12s %12lld %10.2f %12s %12.2f %12s\n", "d2d transp.",
-                  static_cast<long long>(b), static_cast<double>(b) / transposed, "-",
-                  mem / transposed, "-");
-    }
   }
-  const double small_imports = get("small/h2d_imports/real_time");
-  const double small_copies = get("small/h2d_memcpy_sync/real_time");
-  if (small_imports > 0 && small_copies > 0) {
-    const double n = small_coroutines * small_imports_each;
-    std::printf(
-        "small 1 KiB h2d imports/s (64 coroutines) %.0f vs synchronous copies/s %.0f: %.2f\n",
-        n / small_imports * 1e9, n / small_copies * 1e9, small_copies / small_imports);
+  {
+    dlasync::bench::ratio_table t(
+        "gpu", kind + "1 KiB host-to-device imports from 64 coroutines against synchronous copies",
+        "sync", "imports", "ns");
+    t.row("imports per copy (speed)", 1024, reporter.pair("small/h2d"),
+          reporter.skipped("small/h2d"));
   }
   if (!latencies_us.empty()) {
     std::sort(latencies_us.begin(), latencies_us.end());

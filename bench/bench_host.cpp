@@ -1,30 +1,25 @@
 // Host benchmarks: the cost of a zero-copy import, and the bandwidth of
-// strided-to-row-major copies, each against a baseline measured in the same
-// run. After the benchmarks it prints a table of ratios of medians.
+// strided-to-row-major copies, each paired with a baseline timed
+// interleaved with it (paired.hpp). After the benchmarks it prints tables of
+// per-repetition ratio medians, with the lowest and highest of each.
 //
 //   dlasync_bench_host [google benchmark flags]
 //   DLASYNC_BENCH_MAX_BYTES=N  largest copy size (default 64 MiB)
 //
-// Copies are measured two ways: the copy kernel alone on one thread into a
-// warm destination (against memcpy of the same bytes), and whole imports
-// through the runtime with its worker pool, awaited by a coroutine (against
-// the faster of memcpy on one thread and memcpy split over as many threads,
-// into a warm destination, so allocation is charged to us). The kernel is
-// an internal of the library: its rows are measured in builds in the tree
-// (DLASYNC_BENCH_INTERNALS), not against an installed package, which
-// exposes only whole imports.
+// Copies are measured two ways, both against memcpy of the same bytes on
+// one thread into a warm destination: the copy kernel alone on one thread
+// into a warm destination, and whole imports through the runtime with its
+// worker pool, awaited by a coroutine (allocation is charged to us). The
+// kernel is an internal of the library: its rows are measured in builds in
+// the tree (DLASYNC_BENCH_INTERNALS), not against an installed package,
+// which exposes only whole imports.
 #include <benchmark/benchmark.h>
 
-#include "concurrent.hpp"
-#include "layouts.hpp"
-#include "median_reporter.hpp"
-
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <future>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,8 +30,10 @@
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
-#include "asio/use_future.hpp"
+#include "concurrent.hpp"
 #include "dlasync/dlasync.hpp"
+#include "layouts.hpp"
+#include "paired.hpp"
 #if defined(DLASYNC_BENCH_INTERNALS)
 #include "transfer/src/copy/strided_copy.hpp"
 #endif
@@ -47,7 +44,9 @@ using dlasync::bench::copy_bytes;
 using dlasync::bench::host_source;
 using dlasync::bench::layout;
 using dlasync::bench::make_layout;
-using dlasync::bench::run_concurrently;
+using dlasync::bench::pair_clock;
+using dlasync::bench::pair_reporter;
+using dlasync::bench::ratio_table;
 
 constexpr int workers = 2;
 
@@ -56,6 +55,9 @@ dlasync::runtime& bench_runtime() {
     dlasync::runtime_options o;
     o.topology = dlasync::process_topology::single_process(2);
     o.worker_threads = workers;
+    if (const char* text = std::getenv("DLASYNC_BENCH_INLINE_COPY_BYTES")) {
+      o.inline_copy_bytes = static_cast<std::uint64_t>(std::atoll(text));
+    }
     return *dlasync::runtime::create(o);
   }();
   return *rt;
@@ -66,6 +68,8 @@ std::int64_t max_bytes() {
   return text != nullptr ? std::atoll(text) : std::int64_t{64} << 20;
 }
 
+// The zero-copy import alone, inline: a time, not a ratio (bench_torch
+// pairs it with at::fromDLPack; scripts/count_instructions.sh counts it).
 void fast_path_inline(benchmark::State& state) {
   host_source t(64, 64);
   const dlasync::device_registry& registry = bench_runtime().registry();
@@ -77,124 +81,115 @@ void fast_path_inline(benchmark::State& state) {
 }
 BENCHMARK(fast_path_inline);
 
+// co_await import_dlpack of a zero-copy view against a bare co_await
+// asio::post on the same io_context, 256 of each per half.
 void fast_path_co_await(benchmark::State& state) {
+  constexpr std::int64_t batch = 256;
   host_source t(64, 64);
   dlasync::runtime& rt = bench_runtime();
   asio::io_context io;
   asio::co_spawn(
       io,
       [&]() -> asio::awaitable<void> {
+        pair_clock clock(state, batch);
         for (auto _ : state) {
-          dlasync::managed_tensor source(&t.managed);
-          absl::StatusOr<dlasync::tensor> view = co_await dlasync::import_dlpack(rt, source);
-          benchmark::DoNotOptimize(view);
+          for (int half = 0; half < 2; ++half) {
+            const bool base = clock.baseline_turn(half);
+            clock.start();
+            for (std::int64_t i = 0; i < batch; ++i) {
+              if (base) {
+                co_await asio::post(asio::use_awaitable);
+              } else {
+                dlasync::managed_tensor source(&t.managed);
+                absl::StatusOr<dlasync::tensor> view = co_await dlasync::import_dlpack(rt, source);
+                benchmark::DoNotOptimize(view);
+              }
+            }
+            clock.stop(base);
+          }
         }
+        clock.finish(0);
       },
       asio::detached);
   io.run();
 }
-BENCHMARK(fast_path_co_await);
-
-void baseline_co_await_post(benchmark::State& state) {
-  asio::io_context io;
-  asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<void> {
-        for (auto _ : state) co_await asio::post(asio::use_awaitable);
-      },
-      asio::detached);
-  io.run();
-}
-BENCHMARK(baseline_co_await_post);
+BENCHMARK(fast_path_co_await)->UseManualTime();
 
 // Small imports from many concurrent coroutines: `coroutines` coroutines on
 // the runtime's executor each import 16x16 float32 tensors (1 KiB) with a
-// copy, one after the other; items per second is imports per second. The
-// baseline is the round trip such a copy makes at least: the same
-// coroutines each hop to the worker pool and back.
+// copy, one after the other. The baseline is the round trip such a copy
+// makes at least: the same coroutines each hop to the worker pool and back.
 constexpr int coroutines = 64;
 constexpr int imports_per_coroutine = 64;
 
 void small_imports_concurrent(benchmark::State& state) {
-  dlasync::runtime& rt = bench_runtime();
-  run_concurrently(
-      state, rt, coroutines, imports_per_coroutine, [&rt](int) -> asio::awaitable<void> {
-        host_source t(16, 16);
-        dlasync::import_options o;
-        o.copy = true;
-        for (int i = 0; i < imports_per_coroutine; ++i) {
-          dlasync::managed_tensor source(&t.managed);
-          absl::StatusOr<dlasync::tensor> copy = co_await dlasync::import_dlpack(rt, source, o);
-          benchmark::DoNotOptimize(copy);
-        }
-      });
-}
-BENCHMARK(small_imports_concurrent)->UseRealTime();
-
-void baseline_pool_round_trips(benchmark::State& state) {
   static asio::thread_pool pool(workers);
-  run_concurrently(state, bench_runtime(), coroutines, imports_per_coroutine,
-                   [](int) -> asio::awaitable<void> {
-                     for (int i = 0; i < imports_per_coroutine; ++i) {
-                       // To the pool, and back to the coroutine's executor to resume.
-                       co_await asio::post(pool, asio::use_awaitable);
-                     }
-                   });
+  dlasync::runtime& rt = bench_runtime();
+  auto imports = [&rt](int) -> asio::awaitable<void> {
+    host_source t(16, 16);
+    dlasync::import_options o;
+    o.copy = true;
+    for (int i = 0; i < imports_per_coroutine; ++i) {
+      dlasync::managed_tensor source(&t.managed);
+      absl::StatusOr<dlasync::tensor> copy = co_await dlasync::import_dlpack(rt, source, o);
+      benchmark::DoNotOptimize(copy);
+    }
+  };
+  auto hops = [](int) -> asio::awaitable<void> {
+    for (int i = 0; i < imports_per_coroutine; ++i) {
+      // To the pool, and back to the coroutine's executor to resume.
+      co_await asio::post(pool, asio::use_awaitable);
+    }
+  };
+  dlasync::bench::run_pair(
+      state, 1, [&] { dlasync::bench::run_concurrently(rt, coroutines, hops); },
+      [&] { dlasync::bench::run_concurrently(rt, coroutines, imports); });
 }
-BENCHMARK(baseline_pool_round_trips)->UseRealTime();
+BENCHMARK(small_imports_concurrent)->UseManualTime();
+
+void memcpy_base(const float* src, char* dst, std::int64_t bytes) {
+  std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+}
 
 #if defined(DLASYNC_BENCH_INTERNALS)
+// The copy kernel on this thread against memcpy of the same bytes.
 void kernel_copy(benchmark::State& state, const std::string& kind) {
   const layout l = make_layout(kind, state.range(0));
+  const std::int64_t bytes = copy_bytes(l);
   const float* src = dlasync::bench::ones(static_cast<std::size_t>(l.buffer));
   dlasync::strided_copy copy(
       {4, {l.shape.begin(), l.shape.end()}, {l.strides.begin(), l.strides.end()}});
   char* dst = dlasync::bench::scratch(copy.bytes());
-  for (auto _ : state) {
-    copy.run(src + l.first, dst, 0, copy.units());
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
+  dlasync::bench::run_pair(
+      state, dlasync::bench::batch_for(bytes), [&] { memcpy_base(src + l.first, dst, bytes); },
+      [&] { copy.run(src + l.first, dst, 0, copy.units()); }, static_cast<double>(bytes));
 }
 #endif
 
-void baseline_memcpy(benchmark::State& state) {
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  const float* src = dlasync::bench::ones(bytes / 4 + 1);
-  char* dst = dlasync::bench::scratch(bytes);
-  for (auto _ : state) {
-    std::memcpy(dst, src, bytes);
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * state.range(0));
+// The floor under the rows layout: a plain loop of memcpy over the same runs
+// (what any implementation must do) against memcpy of the same bytes in
+// one piece. Where the kernel stays below memcpy on rows, this shows how
+// much of that the access pattern itself costs.
+void runs_loop(benchmark::State& state) {
+  const layout l = make_layout("rows", state.range(0));
+  const std::int64_t bytes = copy_bytes(l);
+  const float* src = dlasync::bench::ones(static_cast<std::size_t>(l.buffer));
+  char* dst = dlasync::bench::scratch(static_cast<std::size_t>(bytes));
+  const std::int64_t rows = l.shape[0];
+  const auto run = static_cast<std::size_t>(l.shape[1] * 4);
+  const std::int64_t stride = l.strides[0];
+  dlasync::bench::run_pair(
+      state, dlasync::bench::batch_for(bytes), [&] { memcpy_base(src, dst, bytes); },
+      [&] {
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::memcpy(dst + r * static_cast<std::int64_t>(run), src + r * stride, run);
+        }
+      },
+      static_cast<double>(bytes));
 }
 
 void import_copy(benchmark::State& state, const std::string& kind) {
-  dlasync::bench::import_copies(state, bench_runtime(), kind);
-}
-
-// memcpy split over `workers` threads: this thread and the pool's others,
-// as a parallel loop would.
-void baseline_memcpy_threads(benchmark::State& state) {
-  static asio::thread_pool pool(workers - 1);
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  const char* src = reinterpret_cast<const char*>(dlasync::bench::ones(bytes / 4 + 1));
-  char* dst = dlasync::bench::scratch(bytes);
-  auto part = [&](int p) {
-    const std::size_t begin = bytes * p / workers;
-    const std::size_t end = bytes * (p + 1) / workers;
-    std::memcpy(dst + begin, src + begin, end - begin);
-  };
-  for (auto _ : state) {
-    std::vector<std::future<void>> parts;
-    for (int p = 1; p < workers; ++p) {
-      parts.push_back(asio::post(pool, asio::use_future([&part, p] { part(p); })));
-    }
-    part(0);
-    for (auto& f : parts) f.get();
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * state.range(0));
+  dlasync::bench::import_copies_paired(state, bench_runtime(), kind, memcpy_base);
 }
 
 const char* const layouts[] = {"rows", "transpose2d", "transpose3d", "broadcast", "reversed"};
@@ -208,76 +203,140 @@ std::vector<std::int64_t> sizes() {
 
 void register_copies() {
   for (std::int64_t b : sizes()) {
-    benchmark::RegisterBenchmark("memcpy", baseline_memcpy)->Arg(b);
-    benchmark::RegisterBenchmark("memcpy_threads", baseline_memcpy_threads)->Arg(b)->UseRealTime();
     for (const char* kind : layouts) {
+      if (std::string(kind) == "rows") {
+        benchmark::RegisterBenchmark("runs_loop", runs_loop)->Arg(b)->UseManualTime();
+      }
 #if defined(DLASYNC_BENCH_INTERNALS)
       benchmark::RegisterBenchmark(absl::StrCat("kernel/", kind).c_str(), kernel_copy, kind)
-          ->Arg(b);
+          ->Arg(b)
+          ->UseManualTime();
 #endif
       benchmark::RegisterBenchmark(absl::StrCat("import/", kind).c_str(), import_copy, kind)
           ->Arg(b)
-          ->UseRealTime();
+          ->UseManualTime();
     }
   }
 }
 
-// Keeps the median (or the only run) of each benchmark's real time, in ns.
-
-void print_ratios(const dlasync::bench::median_reporter& r) {
-  auto get = [&](const std::string& name) { return r.ns(name); };
-  std::printf("\nratio table (medians of this run)\n");
-  const double inline_ns = get("fast_path_inline");
-  const double await_ns = get("fast_path_co_await");
-  const double post_ns = get("baseline_co_await_post");
-  std::printf("%-34s %10s %10s %8s\n", "fast path", "ns", "base ns", "ratio");
-  std::printf("%-34s %10.1f %10s %8s\n", "import_view (inline)", inline_ns, "-", "-");
-  if (post_ns > 0) {
-    std::printf("%-34s %10.1f %10.1f %8.2f\n", "co_await import vs co_await post", await_ns,
-                post_ns, await_ns / post_ns);
+void print_ratios(const pair_reporter& r) {
+  std::printf("\nratio table\n");
+  std::printf("import_view (inline, 64x64 float32): %.1f ns (median; not a ratio)\n",
+              r.time_ns("fast_path_inline"));
+  {
+    ratio_table t("host", "co_await import_dlpack (zero-copy) against a bare co_await asio::post",
+                  "post", "import", "ns");
+    t.row("time ratio (at most 1.3)", 0,
+          r.pair("fast_path_co_await", pair_reporter::ratio_kind::cost),
+          r.skipped("fast_path_co_await"));
   }
-  const double small_ns = get("small_imports_concurrent/real_time");
-  const double hops_ns = get("baseline_pool_round_trips/real_time");
-  if (small_ns > 0 && hops_ns > 0) {
-    const double per_round = coroutines * imports_per_coroutine;
-    std::printf("%-34s %10.0f %10.0f %8.2f\n", "small copies/s, 64 coroutines",
-                per_round * 1e9 / small_ns, per_round * 1e9 / hops_ns, hops_ns / small_ns);
+  {
+    ratio_table t("host", "1 KiB copy imports from 64 coroutines against hops to a pool and back",
+                  "hops", "imports", "ns");
+    t.row("imports per hop (speed)", 1024, r.pair("small_imports_concurrent"),
+          r.skipped("small_imports_concurrent"));
   }
-  std::printf("\n%-34s %10s %10s %8s\n", "copy (bandwidth ratio to memcpy)", "bytes", "GB/s",
-              "ratio");
-  for (std::int64_t b : sizes()) {
-    const std::string arg = absl::StrCat("/", b);
-    const double memcpy_ns = get(absl::StrCat("memcpy", arg));
-    const double memcpy_mt_ns = get(absl::StrCat("memcpy_threads", arg, "/real_time"));
-    for (const char* kind : layouts) {
-      const double kernel_ns = get(absl::StrCat("kernel/", kind, arg));
-      const double import_ns = get(absl::StrCat("import/", kind, arg, "/real_time"));
-      const double bytes = static_cast<double>(copy_bytes(make_layout(kind, b)));
-      if (kernel_ns > 0 && memcpy_ns > 0) {
-        std::printf("%-34s %10lld %10.2f %8.2f\n", absl::StrCat("kernel 1 thread ", kind).c_str(),
-                    static_cast<long long>(b), bytes / kernel_ns,
-                    (bytes / kernel_ns) / (static_cast<double>(b) / memcpy_ns));
-      }
-      // Against the faster memcpy of this size: one thread, or split over
-      // the threads (which pays a hop to the pool first).
-      const double best_ns = memcpy_mt_ns > 0 && memcpy_ns > 0 ? std::min(memcpy_ns, memcpy_mt_ns)
-                                                               : std::max(memcpy_ns, memcpy_mt_ns);
-      if (import_ns > 0 && best_ns > 0) {
-        std::printf("%-34s %10lld %10.2f %8.2f\n",
-                    absl::StrCat("import ", workers, " workers ", kind).c_str(),
-                    static_cast<long long>(b), bytes / import_ns,
-                    (bytes / import_ns) / (static_cast<double>(b) / best_ns));
+#if defined(DLASYNC_BENCH_INTERNALS)
+  {
+    ratio_table t("host", "copy kernel, 1 thread, against memcpy of the same bytes", "memcpy",
+                  "kernel");
+    for (std::int64_t b : sizes()) {
+      for (const char* kind : layouts) {
+        const std::string name = absl::StrCat("kernel/", kind, "/", b);
+        t.row(kind, copy_bytes(make_layout(kind, b)), r.pair(name), r.skipped(name));
       }
     }
   }
+#endif
+  {
+    ratio_table t("host", "rows: a plain loop of memcpy over the same 1 KiB runs (the floor)",
+                  "memcpy", "loop");
+    for (std::int64_t b : sizes()) {
+      const std::string name = absl::StrCat("runs_loop/", b);
+      t.row("rows", copy_bytes(make_layout("rows", b)), r.pair(name), r.skipped(name));
+    }
+  }
+  {
+    ratio_table t("host",
+                  absl::StrCat("whole copy import, ", workers,
+                               " workers, against memcpy of the same bytes on 1 thread"),
+                  "memcpy", "import");
+    for (std::int64_t b : sizes()) {
+      for (const char* kind : layouts) {
+        const std::string name = absl::StrCat("import/", kind, "/", b);
+        t.row(kind, copy_bytes(make_layout(kind, b)), r.pair(name), r.skipped(name));
+      }
+    }
+  }
+}
+
+// --count=NAME: runs operation NAME `calls` times inside count_calls and
+// nothing else, for an instruction count that noise does not move
+// (scripts/count_instructions.sh runs it under callgrind, collecting inside
+// count_calls only). One untimed call first warms caches and pools.
+constexpr int calls = 1000;
+
+[[gnu::noinline]] void count_calls(const std::function<void()>& op) {
+  for (int i = 0; i < calls; ++i) op();
+}
+
+int count(const std::string& name) {
+  dlasync::runtime& rt = bench_runtime();
+  host_source view_source(64, 64);
+  const dlasync::device_registry& registry = rt.registry();
+  std::function<void()> op;
+  if (name == "import_view") {
+    op = [&] {
+      dlasync::managed_tensor source(&view_source.managed);
+      absl::StatusOr<dlasync::tensor> view = dlasync::import_view(source, {}, registry);
+      benchmark::DoNotOptimize(view);
+    };
+  } else if (name == "co_await_import" || name == "co_await_post" || name == "co_await_copy_64k") {
+    // One coroutine on an io_context of this thread, resumed per call.
+    host_source copy_source(64, 256);  // 64 KiB
+    dlasync::import_options copy;
+    copy.copy = true;
+    asio::io_context io;
+    auto body = [&]() -> asio::awaitable<void> {
+      if (name == "co_await_post") {
+        co_await asio::post(asio::use_awaitable);
+      } else if (name == "co_await_import") {
+        dlasync::managed_tensor source(&view_source.managed);
+        absl::StatusOr<dlasync::tensor> v = co_await dlasync::import_dlpack(rt, source);
+        benchmark::DoNotOptimize(v);
+      } else {
+        dlasync::managed_tensor source(&copy_source.managed);
+        absl::StatusOr<dlasync::tensor> c = co_await dlasync::import_dlpack(rt, source, copy);
+        benchmark::DoNotOptimize(c);
+      }
+    };
+    op = [&] {
+      asio::co_spawn(io, body, asio::detached);
+      io.restart();
+      io.run();
+    };
+    op();
+    count_calls(op);
+    return 0;
+  } else {
+    std::fprintf(stderr, "unknown --count operation: %s\n", name.c_str());
+    return 2;
+  }
+  op();
+  count_calls(op);
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlasync::bench::initialize_with_medians(argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg.rfind("--count=", 0) == 0) return count(arg.substr(8));
+  }
+  dlasync::bench::initialize_with_repetitions(argc, argv);
   register_copies();
-  dlasync::bench::median_reporter reporter;
+  pair_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_ratios(reporter);
   benchmark::Shutdown();

@@ -6,9 +6,10 @@
 //     2-D and 3-D transposes, broadcast, reversed rows): a whole dlasync
 //     import (allocation included) against at::Tensor::contiguous() on a
 //     view of the same memory, with 1 thread each and with 2 threads each
-//     (dlasync's workers, ATen's intra-op threads), and memcpy of the same
-//     bytes as the common yardstick.
-// After the benchmarks it prints a table of ratios of medians.
+//     (dlasync's workers, ATen's intra-op threads).
+// Every ratio is paired: the two sides are timed interleaved, and the table
+// prints the median of the per-repetition ratios with the lowest and
+// highest (paired.hpp).
 //
 //   dlasync_bench_torch [google benchmark flags]
 //   DLASYNC_BENCH_MAX_BYTES=N  largest copy size (default 64 MiB)
@@ -29,7 +30,7 @@
 #include "asio/use_future.hpp"
 #include "dlasync/dlasync.hpp"
 #include "layouts.hpp"
-#include "median_reporter.hpp"
+#include "paired.hpp"
 
 namespace {
 
@@ -45,6 +46,9 @@ dlasync::runtime& bench_runtime(int workers) {
     dlasync::runtime_options o;
     o.topology = dlasync::process_topology::single_process(2);
     o.worker_threads = workers;
+    if (const char* text = std::getenv("DLASYNC_BENCH_INLINE_COPY_BYTES")) {
+      o.inline_copy_bytes = static_cast<std::uint64_t>(std::atoll(text));
+    }
     rt = *dlasync::runtime::create(o);
   }
   return *rt;
@@ -72,60 +76,45 @@ struct small_tensor {
   }
 };
 
-void view_dlasync(benchmark::State& state) {
+// import_view against at::fromDLPack, 256 of each per half.
+void views(benchmark::State& state) {
   small_tensor t;
   const dlasync::device_registry& registry = bench_runtime(2).registry();
-  for (auto _ : state) {
-    dlasync::managed_tensor source(&t.managed);
-    absl::StatusOr<dlasync::tensor> view = dlasync::import_view(source, {}, registry);
-    benchmark::DoNotOptimize(view);
-  }
+  dlasync::bench::run_pair(
+      state, 256,
+      [&] {
+        at::Tensor view = at::fromDLPack(&t.managed);
+        benchmark::DoNotOptimize(view);
+      },
+      [&] {
+        dlasync::managed_tensor source(&t.managed);
+        absl::StatusOr<dlasync::tensor> view = dlasync::import_view(source, {}, registry);
+        benchmark::DoNotOptimize(view);
+      });
 }
-BENCHMARK(view_dlasync);
+BENCHMARK(views)->UseManualTime();
 
-void view_torch(benchmark::State& state) {
-  small_tensor t;
-  for (auto _ : state) {
-    at::Tensor view = at::fromDLPack(&t.managed);
-    benchmark::DoNotOptimize(view);
-  }
-}
-BENCHMARK(view_torch);
-
-void copy_dlasync(benchmark::State& state, const std::string& kind, int threads) {
-  dlasync::bench::import_copies(state, bench_runtime(threads), kind);
-}
-
-void copy_torch(benchmark::State& state, const std::string& kind, int threads) {
+// A whole dlasync copy import against contiguous() on a view of the same
+// memory, with `threads` threads each.
+void copies(benchmark::State& state, const std::string& kind, int threads) {
   const layout l = make_layout(kind, state.range(0));
-  float* src = const_cast<float*>(dlasync::bench::ones(static_cast<std::size_t>(l.buffer)));
   at::set_num_threads(threads);
   // PyTorch does not accept negative strides (from_blob and fromDLPack
   // refuse them): such layouts are reported, not run.
   for (std::int64_t stride : l.strides) {
     if (stride < 0) {
-      state.SkipWithError("PyTorch does not accept negative strides");
+      state.SkipWithError("refused: PyTorch does not accept negative strides");
       return;
     }
   }
+  float* src = const_cast<float*>(dlasync::bench::ones(static_cast<std::size_t>(l.buffer)));
   const at::Tensor view =
       at::from_blob(src + l.first, l.shape, l.strides, at::TensorOptions().dtype(at::kFloat));
-  for (auto _ : state) {
-    at::Tensor compact = view.contiguous();
-    benchmark::DoNotOptimize(compact.data_ptr());
-  }
-  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
-}
-
-void baseline_memcpy(benchmark::State& state) {
-  const auto bytes = static_cast<std::size_t>(state.range(0));
-  const float* src = dlasync::bench::ones(bytes / 4 + 1);
-  char* dst = dlasync::bench::scratch(bytes);
-  for (auto _ : state) {
-    std::memcpy(dst, src, bytes);
-    benchmark::ClobberMemory();
-  }
-  state.SetBytesProcessed(state.iterations() * state.range(0));
+  dlasync::bench::import_copies_paired(state, bench_runtime(threads), kind,
+                                       [&](const float*, char*, std::int64_t) {
+                                         at::Tensor compact = view.contiguous();
+                                         benchmark::DoNotOptimize(compact.data_ptr());
+                                       });
 }
 
 const char* const layouts[] = {"rows", "transpose2d", "transpose3d", "broadcast", "reversed"};
@@ -140,51 +129,35 @@ std::vector<std::int64_t> sizes() {
 
 void register_copies() {
   for (std::int64_t b : sizes()) {
-    benchmark::RegisterBenchmark("memcpy", baseline_memcpy)->Arg(b);
     for (const char* kind : layouts) {
       for (int threads : thread_counts) {
-        benchmark::RegisterBenchmark(absl::StrCat("dlasync/", kind, "/t", threads).c_str(),
-                                     copy_dlasync, kind, threads)
+        benchmark::RegisterBenchmark(absl::StrCat("copy/", kind, "/t", threads).c_str(), copies,
+                                     kind, threads)
             ->Arg(b)
-            ->UseRealTime();
-        benchmark::RegisterBenchmark(absl::StrCat("torch/", kind, "/t", threads).c_str(),
-                                     copy_torch, kind, threads)
-            ->Arg(b)
-            ->UseRealTime();
+            ->UseManualTime();
       }
     }
   }
 }
 
-void print_ratios(const dlasync::bench::median_reporter& r) {
-  std::printf("\ntorch ratio table (medians of this run)\n");
-  const double ours = r.ns("view_dlasync");
-  const double theirs = r.ns("view_torch");
-  std::printf("%-40s %10s %10s %8s\n", "zero-copy import", "dlasync ns", "torch ns", "ratio");
-  if (theirs > 0) {
-    std::printf("%-40s %10.1f %10.1f %8.2f\n", "import_view vs at::fromDLPack", ours, theirs,
-                ours / theirs);
+void print_ratios(const dlasync::bench::pair_reporter& r) {
+  using dlasync::bench::ratio_table;
+  std::printf("\ntorch ratio table\n");
+  {
+    ratio_table t("torch", "zero-copy import: import_view against at::fromDLPack", "torch",
+                  "dlasync", "ns");
+    t.row("time ratio (at most 0.5)", 0,
+          r.pair("views", dlasync::bench::pair_reporter::ratio_kind::cost), r.skipped("views"));
   }
-  std::printf("\n%-28s %10s %8s %8s %8s %10s\n", "copy to row-major", "bytes", "threads", "dlasync",
-              "torch", "vs torch");
-  std::printf("%-28s %10s %8s %8s %8s %10s\n", "(bandwidth / memcpy)", "", "", "", "", "(speedup)");
-  for (std::int64_t b : sizes()) {
-    const double memcpy_ns = r.ns(absl::StrCat("memcpy/", b));
-    for (const char* kind : layouts) {
-      const double bytes = static_cast<double>(copy_bytes(make_layout(kind, b)));
-      for (int threads : thread_counts) {
-        const std::string suffix = absl::StrCat("/t", threads, "/", b, "/real_time");
-        const double d = r.ns(absl::StrCat("dlasync/", kind, suffix));
-        const double t = r.ns(absl::StrCat("torch/", kind, suffix));
-        if (d <= 0 || memcpy_ns <= 0) continue;
-        const double memcpy_rate = static_cast<double>(b) / memcpy_ns;
-        if (t <= 0) {  // PyTorch refused the layout
-          std::printf("%-28s %10lld %8d %8.2f %8s %10s\n", kind, static_cast<long long>(b), threads,
-                      bytes / d / memcpy_rate, "refused", "-");
-          continue;
-        }
-        std::printf("%-28s %10lld %8d %8.2f %8.2f %10.2f\n", kind, static_cast<long long>(b),
-                    threads, bytes / d / memcpy_rate, bytes / t / memcpy_rate, t / d);
+  for (int threads : thread_counts) {
+    ratio_table t("torch",
+                  absl::StrCat("whole copy import against contiguous(), ", threads,
+                               threads == 1 ? " thread" : " threads", " each (at least 1.0)"),
+                  "torch");
+    for (std::int64_t b : sizes()) {
+      for (const char* kind : layouts) {
+        const std::string name = absl::StrCat("copy/", kind, "/t", threads, "/", b);
+        t.row(kind, copy_bytes(make_layout(kind, b)), r.pair(name), r.skipped(name));
       }
     }
   }
@@ -193,9 +166,9 @@ void print_ratios(const dlasync::bench::median_reporter& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  dlasync::bench::initialize_with_medians(argc, argv);
+  dlasync::bench::initialize_with_repetitions(argc, argv);
   register_copies();
-  dlasync::bench::median_reporter reporter;
+  dlasync::bench::pair_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_ratios(reporter);
   benchmark::Shutdown();

@@ -1,7 +1,6 @@
 // Many coroutines at once on a runtime's executor, for the benchmarks of
-// small imports: each iteration spawns `coroutines` coroutines running
-// `body(c)` (c: the coroutine's index) and waits until all have finished;
-// items per second is coroutines x items_each per iteration.
+// small imports: one round spawns `coroutines` coroutines running `body(c)`
+// (c: the coroutine's index) and waits until all have finished.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -16,23 +15,29 @@
 
 namespace dlasync::bench {
 
+// One round.
+template <typename Body>
+void run_concurrently(dlasync::runtime& rt, int coroutines, Body& body) {
+  std::atomic<int> left{coroutines};
+  std::promise<void> all_done;
+  for (int c = 0; c < coroutines; ++c) {
+    asio::co_spawn(
+        rt.get_executor(),
+        [&, c]() -> asio::awaitable<void> {
+          co_await body(c);
+          if (left.fetch_sub(1) == 1) all_done.set_value();
+        },
+        asio::detached);
+  }
+  all_done.get_future().wait();
+}
+
+// A round per iteration; items per second is coroutines x items_each per
+// iteration.
 template <typename Body>
 void run_concurrently(benchmark::State& state, dlasync::runtime& rt, int coroutines, int items_each,
                       Body body) {
-  for (auto _ : state) {
-    std::atomic<int> left{coroutines};
-    std::promise<void> all_done;
-    for (int c = 0; c < coroutines; ++c) {
-      asio::co_spawn(
-          rt.get_executor(),
-          [&, c]() -> asio::awaitable<void> {
-            co_await body(c);
-            if (left.fetch_sub(1) == 1) all_done.set_value();
-          },
-          asio::detached);
-    }
-    all_done.get_future().wait();
-  }
+  for (auto _ : state) run_concurrently(rt, coroutines, body);
   state.SetItemsProcessed(state.iterations() * coroutines * items_each);
 }
 

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "asio/detached.hpp"
 #include "asio/io_context.hpp"
 #include "dlasync/dlasync.hpp"
+#include "paired.hpp"
 
 namespace dlasync::bench {
 
@@ -55,28 +58,45 @@ inline std::int64_t copy_bytes(const layout& l) {
   return count;
 }
 
+// A buffer aligned to a cache line, as the frameworks' allocators and the
+// runtime's own align theirs (an unaligned one splits every line a kernel
+// writes in two).
+template <typename T>
+struct aligned_buffer {
+  struct free_deleter {
+    void operator()(T* p) const noexcept { std::free(p); }
+  };
+  std::unique_ptr<T[], free_deleter> data;
+  std::size_t size = 0;
+
+  // Grows to `count` elements of `value`, dropping the old contents.
+  void grow(std::size_t count, T value) {
+    if (size >= count) return;
+    data.reset();
+    const std::size_t bytes = (count * sizeof(T) + 63) / 64 * 64;
+    data.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+    if (!data) std::abort();
+    std::fill(data.get(), data.get() + count, value);
+    size = count;
+  }
+};
+
 // `count` floats of ones, shared by every benchmark of the program and grown
 // to the largest count asked for (benchmarks run from small to large):
 // filling gigabytes of fresh memory for every repetition would take longer
 // than the benchmarks, and would measure page faults.
 inline const float* ones(std::size_t count) {
-  static std::vector<float> buffer;
-  if (buffer.size() < count) {
-    buffer = std::vector<float>();
-    buffer.assign(count, 1.0f);
-  }
-  return buffer.data();
+  static aligned_buffer<float> buffer;
+  buffer.grow(count, 1.0f);
+  return buffer.data.get();
 }
 
 // `bytes` of scratch memory, shared and grown the same way (destinations
 // of the baselines and kernels: warm, as the runtime's cached blocks are).
 inline char* scratch(std::size_t bytes) {
-  static std::vector<char> buffer;
-  if (buffer.size() < bytes) {
-    buffer = std::vector<char>();
-    buffer.resize(bytes, 0);
-  }
-  return buffer.data();
+  static aligned_buffer<char> buffer;
+  buffer.grow(bytes, 0);
+  return buffer.data.get();
 }
 
 // A host float32 tensor of layout `l` over ones (shared), without a
@@ -111,13 +131,21 @@ struct host_source {
   }
 };
 
-// One whole copy import of `kind` at state.range(0) bytes per iteration,
-// into a compact tensor, awaited by a coroutine on an io_context of this
-// thread (as a server handler would), after one untimed import; bytes
-// copied counted.
-inline void import_copies(benchmark::State& state, dlasync::runtime& rt, const std::string& kind) {
+// Whole copy imports of `kind` at state.range(0) bytes, into a compact
+// tensor, awaited by a coroutine on an io_context of this thread (as a
+// server handler would), after one untimed import; paired, interleaved, with
+// `base(src, dst, bytes)`, a baseline run in the same coroutine on the same
+// source (`src`: the buffer's first element; layout `l`) and a warm
+// destination of the same bytes (see paired.hpp).
+template <typename Base>
+void import_copies_paired(benchmark::State& state, dlasync::runtime& rt, const std::string& kind,
+                          Base&& base) {
   const layout l = make_layout(kind, state.range(0));
+  const std::int64_t bytes = copy_bytes(l);
   host_source src(l);
+  char* dst = scratch(static_cast<std::size_t>(bytes));
+  const float* first = ones(static_cast<std::size_t>(l.buffer)) + l.first;
+  const std::int64_t batch = batch_for(bytes);
   dlasync::import_options o;
   o.require_contiguous = true;
   o.copy = true;
@@ -128,18 +156,33 @@ inline void import_copies(benchmark::State& state, dlasync::runtime& rt, const s
         {  // One untimed import: the runtime's block cache holds the size.
           dlasync::managed_tensor source(&src.managed);
           absl::StatusOr<dlasync::tensor> warm = co_await dlasync::import_dlpack(rt, source, o);
-          if (!warm.ok()) state.SkipWithError(std::string(warm.status().message()).c_str());
+          if (!warm.ok()) {
+            state.SkipWithError(std::string(warm.status().message()).c_str());
+            co_return;
+          }
         }
+        pair_clock clock(state, batch);
         for (auto _ : state) {
-          dlasync::managed_tensor source(&src.managed);
-          absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(rt, source, o);
-          if (!t.ok()) state.SkipWithError(std::string(t.status().message()).c_str());
-          benchmark::DoNotOptimize(t);
+          for (int half = 0; half < 2; ++half) {
+            const bool b = clock.baseline_turn(half);
+            clock.start();
+            for (std::int64_t i = 0; i < batch; ++i) {
+              if (b) {
+                base(first, dst, bytes);
+              } else {
+                dlasync::managed_tensor source(&src.managed);
+                absl::StatusOr<dlasync::tensor> t = co_await dlasync::import_dlpack(rt, source, o);
+                benchmark::DoNotOptimize(t);
+              }
+            }
+            benchmark::ClobberMemory();
+            clock.stop(b);
+          }
         }
+        clock.finish(static_cast<double>(bytes));
       },
       asio::detached);
   io.run();
-  state.SetBytesProcessed(state.iterations() * copy_bytes(l));
 }
 
 }  // namespace dlasync::bench

@@ -40,6 +40,8 @@ work=build-bench/results
 out=bench/results
 mkdir -p "$work" "$out"
 rm -f "$work"/*.csv "$work"/*.log
+# Every ratio table row of every program, as CSV (bench/paired.hpp): the plot.
+export DLASYNC_BENCH_RATIOS="$work/ratios.csv"
 
 # run NAME PROGRAM: medians of 5 (the programs' default), CSV kept.
 run() {
@@ -116,44 +118,72 @@ fi
   fi
 } >"$out/$machine.txt"
 
-# The plot: bandwidth against size for dlasync's whole imports and PyTorch's
-# contiguous() on two layouts, 2 threads each, and single-threaded memcpy
-# (all from the PyTorch comparison), and the GPU program's host-to-device
-# paths; both axes logarithmic, as the rates span three decades.
+# The plot: one question per panel, ratios against size with the lowest and
+# highest per-repetition ratio as error bars (1 = the baseline):
+#   host copy kernel against memcpy;
+#   whole imports against PyTorch's contiguous(), 1 and 2 threads;
+#   the Python module against NumPy's ascontiguousarray;
+#   GPU transfers against cudaMemcpyAsync, on a real GPU; a simulated GPU's
+#   figures get a panel of their own, titled as simulated, never shared
+#   axes with real ones.
 series="$work/series"
 rm -rf "$series"
 mkdir -p "$series"
-awk -F, -v dir="$series" -v gpu="$gpu_label" 'NR > 1 && $5 != "" {
-    split($2, part, "/")
-    file = ""; x = ""
-    if ($1 == "torch" && part[1] == "memcpy") { file = "memcpy_1_thread"; x = part[2] }
-    else if ($1 == "torch" && (part[2] == "rows" || part[2] == "transpose2d") && part[3] == "t2") {
-      file = part[1] "_" part[2] "_2_threads"; x = part[4]
-    } else if ($1 == "gpu" && part[1] == "h2d") { file = gpu "_h2d_" part[2]; x = part[3] }
-    if (file != "") print x, $5 / 1e9 >> (dir "/" file ".dat")
-  }' "$out/$machine.csv"
-plots=""
-for f in "$series"/*.dat; do
-  [ -f "$f" ] || continue
-  sort -n -o "$f" "$f"
-  title=$(basename "$f" .dat | tr '_' ' ')
-  plots="${plots:+$plots, }'$f' using 1:2 with linespoints title '$title'"
-done
-if [ -n "$plots" ]; then
-  gnuplot <<EOF
-set terminal pngcairo size 960,640
-set output '$out/$machine.png'
-set title 'dlasync on $machine: bandwidth against size (medians)'
-set logscale x 2
-set logscale y 10
-set xtics ('4 KiB' 4096, '64 KiB' 65536, '1 MiB' 1048576, '16 MiB' 16777216, '256 MiB' 268435456, '1 GiB' 1073741824)
-set xlabel 'bytes copied'
-set ylabel 'GB/s (log scale)'
-set key below maxrows 3
-set xrange [3000:1.5e9]
-set grid
-plot $plots
-EOF
+/usr/bin/python3 - "$work/ratios.csv" "$series" "$gpu_label" <<'PY'
+import csv, os, sys
+rows, out, gpu = sys.argv[1], sys.argv[2], sys.argv[3]
+panels = []  # (file prefix, panel title)
+def panel(program, title):
+    if program == "host" and title.startswith("copy kernel"):
+        return "1", "copy kernel, 1 thread / memcpy"
+    if program == "torch" and "contiguous()" in title:
+        t = "1 thread" if "1 thread" in title else "2 threads"
+        return ("2" if t == "1 thread" else "3"), f"whole import / PyTorch contiguous(), {t}"
+    if program == "python" and "ascontiguousarray" in title:
+        return "4", "Python rt.from_dlpack copy / NumPy ascontiguousarray"
+    if program == "gpu":
+        return "5", ("simulated GPU (not a real device): " if gpu != "gpu" else "GPU: ") + title
+    return None
+if os.path.exists(rows):
+    with open(rows, newline="") as f:
+        for r in csv.reader(f):
+            if len(r) < 12:
+                continue
+            p = panel(r[0], r[1])
+            if p is None:
+                continue
+            key, title = p
+            name = f"{key}_{r[2].replace(' ', '-').replace('/', '-')}"
+            with open(os.path.join(out, name + ".dat"), "a") as d:
+                d.write(f"{r[3]} {r[7]} {r[8]} {r[9]}\n")
+            with open(os.path.join(out, key + ".title"), "w") as t:
+                t.write(title)
+PY
+panels=$(ls "$series"/*.title 2>/dev/null | wc -l)
+if [ "$panels" -gt 0 ]; then
+  {
+    echo "set terminal pngcairo size 1200,$((360 * ((panels + 1) / 2)))"
+    echo "set output '$out/$machine.png'"
+    echo "set multiplot layout $(((panels + 1) / 2)),2 title 'dlasync on $machine: ratios to the baseline (median, lowest-highest of interleaved repetitions)'"
+    echo "set logscale x 2"
+    echo "set xtics ('4K' 4096, '64K' 65536, '1M' 1048576, '16M' 16777216, '256M' 268435456, '1G' 1073741824)"
+    echo "set xrange [1500:2e9]"
+    echo "set grid"
+    echo "set key top left font ',8'"
+    echo "set ylabel 'ratio (1 = baseline)'"
+    for t in "$series"/*.title; do
+      key=$(basename "$t" .title)
+      echo "set title '$(cat "$t")'"
+      plots=""
+      for f in "$series/${key}"_*.dat; do
+        sort -n -o "$f" "$f"
+        label=$(basename "$f" .dat)
+        plots="${plots:+$plots, }'$f' using 1:2:3:4 with yerrorlines title '${label#*_}'"
+      done
+      echo "plot 1 with lines lc 'black' dt 2 notitle, $plots"
+    done
+    echo "unset multiplot"
+  } | gnuplot
 fi
 
 # The table in docs/performance.md, between its markers.
@@ -163,7 +193,7 @@ block="$work/performance-block.md"
   echo "Latest run of \`scripts/bench.sh $machine\` ($(date -u +%Y-%m-%d)); CSV and plot in"
   echo "\`bench/results/\`."
   echo
-  [ -n "$plots" ] && echo "![copy bandwidth against size](../bench/results/$machine.png)" && echo
+  [ "$panels" -gt 0 ] && echo "![ratios against size](../bench/results/$machine.png)" && echo
   echo '```'
   cat "$out/$machine.txt"
   echo '```'
@@ -182,4 +212,6 @@ fi
 echo
 cat "$out/$machine.txt"
 echo
-echo "wrote $out/$machine.csv, $out/$machine.txt${plots:+, $out/$machine.png}, docs/performance.md"
+cp "$work/ratios.csv" "$out/$machine-ratios.csv" 2>/dev/null || true
+png=""; [ "$panels" -gt 0 ] && png=", $out/$machine.png"
+echo "wrote $out/$machine.csv, $out/$machine-ratios.csv, $out/$machine.txt$png, docs/performance.md"

@@ -52,12 +52,29 @@ def interleaved(candidates, reps, calls):
     return times
 
 
-def ratio_text(base, ours):
+def ratio_stats(base, ours):
     ratios = sorted(b / o for b, o in zip(base, ours))
-    med = statistics.median(ratios)
-    lo, hi = ratios[0], ratios[-1]
+    return statistics.median(ratios), ratios[0], ratios[-1], len(ratios)
+
+
+def ratio_text(base, ours):
+    med, lo, hi, _ = ratio_stats(base, ours)
     mark = " unstable" if hi > 1.5 * lo else ""
     return f"{med:5.2f} [{lo:.2f}-{hi:.2f}]{mark}"
+
+
+def record(title, label, nbytes, base, ours):
+    """Appends a ratio row to $DLASYNC_BENCH_RATIOS, as the C++ programs do
+    (bench/paired.hpp): program, title, label, bytes, unit, the baseline's
+    rate, ours, ratio, lowest, highest, repetitions, unstable."""
+    path = os.environ.get("DLASYNC_BENCH_RATIOS")
+    if not path:
+        return
+    med, lo, hi, n = ratio_stats(base, ours)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f'python,"{title}","{label}",{nbytes},GB/s,'
+                f"{nbytes / statistics.median(base):.6g},{nbytes / statistics.median(ours):.6g},"
+                f"{med:.4f},{lo:.4f},{hi:.4f},{n},{1 if hi > 1.5 * lo else 0}\n")
 
 
 def overhead_table(rt, reps):
@@ -117,6 +134,11 @@ def copy_table(rt, reps, max_bytes, threads):
                 cands["torch"] = lambda: tx.contiguous()
             times = interleaved(cands, reps, calls)
             gbps = {n: nbytes / statistics.median(t) for n, t in times.items()}
+            record("rt.from_dlpack copy against np.ascontiguousarray (NumPy 1 thread)", name,
+                   nbytes, times["numpy"], times["dlasync"])
+            if torch:
+                record(f"rt.from_dlpack copy against torch contiguous() ({threads} threads)", name,
+                       nbytes, times["torch"], times["dlasync"])
             row = (f"| {name} | {human(nbytes)} | {gbps['dlasync']:.2f} | {gbps['numpy']:.2f} | "
                    f"{ratio_text(times['numpy'], times['dlasync'])} |")
             if torch:
@@ -141,7 +163,7 @@ def main():
     ap.add_argument("--max-bytes", type=int, default=256 << 20)
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--inline-copy-bytes", type=int, default=None,
-                    help="the runtime's inline_copy_bytes (default: the runtime's, 64 KiB)")
+                    help="the runtime's inline_copy_bytes (default: the runtime's, 4 MiB)")
     args = ap.parse_args()
     threads = os.cpu_count() or 1
     if torch:
