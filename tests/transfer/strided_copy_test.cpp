@@ -1,5 +1,7 @@
 #include "transfer/src/copy/strided_copy.hpp"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -125,6 +127,28 @@ TEST_CASE("large ragged copies match the reference", "[runtime][copy]") {
   // Runs of 4 KiB at an odd offset, and runs of 4 KiB + 12 bytes.
   check_layout({4, {2100, 1024}, {2051, 1}});
   check_layout({1, {2100, 4108}, {5000, 1}});
+}
+
+TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runtime][copy]") {
+  // 4 MiB of float32 transposed: past the size where tiles write with
+  // streaming stores. A destination aligned to a line, to 16 bytes only,
+  // and to 4 bytes (which streams nothing) get the same bytes.
+  const strided_layout l{4, {1024, 1024}, {1, 1024}};
+  const source_buffer src = make_source(l);
+  const std::vector<std::uint8_t> want = reference(src.first, l);
+  const strided_copy copy(l);
+  REQUIRE(copy.which() == strided_copy::kernel::tile);
+  std::vector<std::uint8_t> space(want.size() + 256, 0xEE);
+  const auto base = reinterpret_cast<std::uintptr_t>(space.data());
+  const std::size_t aligned = (64 - base % 64) % 64;
+  for (const std::size_t offset : {aligned, aligned + 16, aligned + 4}) {
+    std::fill(space.begin(), space.end(), 0xEE);
+    std::uint8_t* dst = space.data() + offset;
+    copy.run(src.first, dst, 0, copy.units());
+    CHECK(std::memcmp(dst, want.data(), want.size()) == 0);
+    CHECK(dst[want.size()] == 0xEE);
+    CHECK((offset == 0 || dst[-1] == 0xEE));
+  }
 }
 
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {

@@ -90,6 +90,7 @@ class strided_copy {
   // tile: the dimensions between the tile dimension and the last, iterated
   // inside each unit so that a unit's destination stays contiguous.
   absl::InlinedVector<int, 8> middle_dims_;
+  bool stream_ = false;     // write with streaming stores (tiles, broadcast runs)
   std::int64_t block_ = 1;  // elements of split_dim_ per unit
   std::int64_t blocks_ = 0;
   std::int64_t outer_count_ = 0;
