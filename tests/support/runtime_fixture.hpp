@@ -4,6 +4,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -16,13 +17,16 @@
 namespace dlasync::testing {
 
 // A runtime with `host_devices` host devices, two workers, one process;
-// `observer`, when given, is called after each piece of a host copy.
-inline std::unique_ptr<runtime> make_runtime(int host_devices = 2, std::uint64_t budget = 0,
-                                             std::function<void()> observer = {}) {
+// `observer`, when given, is called after each piece of a host copy;
+// `inline_copy_bytes`, when given, replaces the option's default.
+inline std::unique_ptr<runtime> make_runtime(
+    int host_devices = 2, std::uint64_t budget = 0, std::function<void()> observer = {},
+    std::optional<std::uint64_t> inline_copy_bytes = std::nullopt) {
   runtime_options o;
   o.topology = process_topology::single_process(host_devices);
   o.worker_threads = 2;
   o.copy_memory_budget = budget;
+  if (inline_copy_bytes) o.inline_copy_bytes = *inline_copy_bytes;
   detail::runtime_hooks hooks;
   hooks.copy_unit_observer = std::move(observer);
   absl::StatusOr<std::unique_ptr<runtime>> rt = detail::create_runtime(std::move(o), hooks);

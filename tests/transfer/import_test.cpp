@@ -3,6 +3,7 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "asio/cancellation_signal.hpp"
 #include "asio/co_spawn.hpp"
 #include "asio/detached.hpp"
+#include "asio/executor_work_guard.hpp"
 #include "asio/experimental/awaitable_operators.hpp"
 #include "asio/experimental/deferred.hpp"
 #include "asio/io_context.hpp"
@@ -433,6 +435,39 @@ TEST_CASE("copies of parallel_copy_bytes (1 MiB) and more are split between the 
   }
 }
 
+TEST_CASE("an inline copy never waits for workers that do not come", "[transfer][import]") {
+  // The workers' executor is never run while the import starts: the helpers
+  // the copy posts cannot start, and the calling thread copies every slice
+  // itself, inside the call.
+  asio::io_context stalled;
+  runtime_options o;
+  o.topology = process_topology::single_process(2);
+  o.worker_threads = 2;
+  o.worker_executor = stalled.get_executor();
+  std::unique_ptr<runtime> rt = *runtime::create(o);
+  REQUIRE(rt->options().inline_copy_bytes >= (2u << 20));
+  matrix_source m(2048, 256);  // 2 MiB, from parallel_copy_bytes: split into slices
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  import_options io;
+  io.copy = true;
+  std::optional<absl::StatusOr<tensor>> result;
+  async_import_dlpack(*rt, source, io, [&](absl::StatusOr<tensor> t) { result = std::move(t); });
+  // Delivered through the handler's executor (here the system executor).
+  CHECK(testing::eventually([&] { return result.has_value(); }));
+  REQUIRE(result->ok());
+  CHECK(std::memcmp((*result)->data(), m.data.data(), m.data.size() * sizeof(float)) == 0);
+  CHECK(count.calls == 1);
+  // The workers run from now on: the helpers find every slice taken and
+  // end, and the runtime shuts down on them.
+  auto work = asio::make_work_guard(stalled);
+  std::thread workers([&] { stalled.run(); });
+  result.reset();
+  rt.reset();
+  work.reset();
+  workers.join();
+}
+
 TEST_CASE("10,000 concurrent imports from several threads each complete once",
           "[transfer][import][load]") {
   // Small copies inline (the default), and all through the workers.
@@ -513,12 +548,17 @@ TEST_CASE("cancelling during a copy frees the partial copy and releases the sour
   std::promise<void> cancelled;
   std::shared_future<void> go = cancelled.get_future().share();
   std::atomic<int> pieces{0};
-  std::unique_ptr<runtime> rt = make_runtime(2, 0, [&] {
-    if (pieces++ == 0) {
-      started.set_value();
-      go.wait();
-    }
-  });
+  // Every copy on the workers, where it can be cancelled (an inline copy is
+  // done before the import's initiation returns).
+  std::unique_ptr<runtime> rt = make_runtime(
+      2, 0,
+      [&] {
+        if (pieces++ == 0) {
+          started.set_value();
+          go.wait();
+        }
+      },
+      0);
   matrix_source m(1024, 1024);  // 4 MiB in 256 KiB pieces
   deleter_count count;
   managed_tensor source = make_tensor(m.spec, count);

@@ -2,7 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <memory>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "transfer/src/copy/gather.hpp"
 
@@ -78,7 +83,73 @@ marker_ptr enqueue(runtime_core& core, stream_ref s, copy_request request) {
   return host.record(s);
 }
 
+// The slices of one copy_here call, shared with the helpers it posted: they
+// may run after the call returned, and then find every slice claimed.
+struct slices {
+  const strided_copy* copy = nullptr;  // read only after claiming a slice
+  const void* from = nullptr;
+  void* to = nullptr;
+  std::int64_t count = 0;                           // slices
+  std::int64_t units = 0;                           // the copy's units
+  const std::function<void()>* observer = nullptr;  // the tests' seam, or empty
+  std::atomic<std::int64_t> next{0};
+  std::atomic<std::int64_t> done{0};
+
+  // Claims and copies slices until none is left.
+  void work() {
+    for (std::int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      copy->run(from, to, units * i / count, units * (i + 1) / count);
+      if (*observer) (*observer)();
+      if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done.notify_one();
+    }
+  }
+};
+
 }  // namespace
+
+void copy_here(runtime_core& core, const strided_copy& copy, const void* from, void* to) {
+  const runtime_options& options = core.options();
+  const std::int64_t units = copy.units();
+  // Helpers only where a slice outlasts the wake-up of the worker that
+  // takes it: slices of a quarter of parallel_copy_bytes, from copies of
+  // parallel_copy_bytes up.
+  const std::uint64_t slice_bytes = std::max<std::uint64_t>(options.parallel_copy_bytes / 4, 1);
+  const auto count = static_cast<std::int64_t>(
+      std::min<std::uint64_t>(copy.bytes() / slice_bytes, static_cast<std::uint64_t>(units)));
+  const std::function<void()>& observer = core.hooks().copy_unit_observer;
+  if (copy.bytes() < options.parallel_copy_bytes || options.worker_threads < 2 || count < 2) {
+    copy.run(from, to, 0, units);
+    if (observer) observer();
+    return;
+  }
+  auto shared = std::make_shared<slices>();
+  shared->copy = &copy;
+  shared->from = from;
+  shared->to = to;
+  shared->count = count;
+  shared->units = units;
+  shared->observer = &observer;
+  // This thread is one of worker_threads copying threads, as in a parallel
+  // loop.
+  const int helpers = std::min<int>(options.worker_threads - 1, static_cast<int>(count - 1));
+  for (int h = 0; h < helpers; ++h) {
+    core.workers().post([shared] { shared->work(); });
+  }
+  shared->work();
+  // Only slices already running are left: a short spin, as they end within
+  // a slice's time, then a sleep.
+  for (int spin = 0; spin < 2000; ++spin) {
+    if (shared->done.load(std::memory_order_acquire) == count) return;
+#if defined(__SSE2__)
+    _mm_pause();
+#endif
+  }
+  for (std::int64_t seen = shared->done.load(std::memory_order_acquire); seen != count;
+       seen = shared->done.load(std::memory_order_acquire)) {
+    shared->done.wait(seen, std::memory_order_acquire);
+  }
+}
 
 marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request) {
   if (!request.produced) return enqueue(core, s, std::move(request));

@@ -7,6 +7,7 @@
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/strided_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 
 namespace dlasync::detail {
@@ -15,5 +16,14 @@ namespace dlasync::detail {
 // completes when the copy has finished, or stopped early on cancellation
 // (request.control->aborted then says so).
 marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request);
+
+// Runs `copy` from `from` (its first element) to `to` inside this call, on
+// this thread, with idle workers helping when the copy is large enough to
+// split (runtime_options::parallel_copy_bytes). The copy is cut into slices
+// that this thread and the helpers claim in turn: a helper that wakes late
+// finds nothing left, and this thread never waits on a slice nobody has
+// started, so it is held for at most the time the whole copy takes on one
+// thread, plus one slice. It returns when every byte is written.
+void copy_here(runtime_core& core, const strided_copy& copy, const void* from, void* to);
 
 }  // namespace dlasync::detail

@@ -3,6 +3,7 @@
 #include "dlasync/transfer/detail/import_initiation.hpp"
 #include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/host_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/import/import_operation.hpp"
@@ -36,7 +37,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   }
   const DLTensor& dl = *start.source.dl_tensor();
   const strided_copy copy(source_layout(dl, plan));
-  copy.run(first_element(plan), allocated->data(), 0, copy.units());
+  copy_here(core, copy, first_element(plan), allocated->data());
   const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
   void* data = allocated->data();
   device_buffer buffer(plan.target, data, bytes,

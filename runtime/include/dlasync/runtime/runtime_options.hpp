@@ -82,12 +82,17 @@ struct runtime_options {
   // in parts of half of it at least (a part must outlast the wake-up of
   // the worker that takes it): at least 4096.
   std::uint64_t parallel_copy_bytes = 1 << 20;
-  // Host-to-host copies of at most this many bytes run on the thread that
-  // starts the import, inside the call, when the budget has room at once:
-  // such a copy takes less time than the hop to a worker and back. 0 sends
-  // every copy to the workers. At most 64 MiB: a larger copy would hold the
-  // caller's thread for milliseconds.
-  std::uint64_t inline_copy_bytes = 64 << 10;
+  // Host-to-host copies of at most this many bytes run inside the call, on
+  // the thread that starts the import, when the budget has room at once:
+  // the hop to a worker and back costs more than such a copy gains. From
+  // parallel_copy_bytes up, idle workers help (up to worker_threads threads
+  // in all), claiming slices of it. The bound on how long the caller's
+  // thread is held: this many bytes copied by that thread alone, plus one
+  // slice (under 1 ms at 4 GB/s for the default 4 MiB; docs/performance.md
+  // has the measurements). 0 sends every copy to the workers. At most
+  // 64 MiB: a larger copy would hold the caller's thread for tens of
+  // milliseconds.
+  std::uint64_t inline_copy_bytes = 4 << 20;
   // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
   // this many bytes, so that imports do not page-fault through fresh
   // memory. 0 keeps none. Every value is valid.

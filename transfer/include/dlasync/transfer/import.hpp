@@ -35,7 +35,8 @@
 // Completion. A view needs no work: the awaitable form returns it without
 // suspending. Neither does a host-to-host copy of at most
 // runtime_options::inline_copy_bytes when the copy budget has room at once:
-// it is copied on the calling thread at initiation. Otherwise the result
+// it is copied on the calling thread at initiation (idle workers helping
+// from runtime_options::parallel_copy_bytes up), and cannot be cancelled. Otherwise the result
 // arrives when the copy is complete. A handler is called exactly once,
 // never from inside the initiating function. Completion signature:
 // void(absl::StatusOr<dlasync::tensor>).
