@@ -199,9 +199,18 @@ absl::Status check_address(const DLTensor& dl, import_plan& plan) {
 }
 
 // `status` marked as refused by `rule`, the tensor not consumed.
-absl::Status ruled(const char* rule, absl::Status status, const import_plan* plan = nullptr) {
+[[gnu::noinline]] absl::Status refused_by(const char* rule, absl::Status status,
+                                          const import_plan* plan) {
   return with_import_error(std::move(status),
                            {false, rule, plan != nullptr ? plan->copy_reason_names() : ""});
+}
+
+// The fast path passes every rule: nothing is built for an OK status.
+inline absl::Status ruled(const char* rule, absl::Status status,
+                          const import_plan* plan = nullptr) {
+  if (status.ok()) [[likely]]
+    return status;
+  return refused_by(rule, std::move(status), plan);
 }
 
 std::string device_pair(const import_plan& p) {
