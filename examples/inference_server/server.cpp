@@ -12,6 +12,10 @@
 // and one larger than the whole budget, or than the share one connection may
 // hold, is refused. Slow peers are cut off: each part of a frame must arrive
 // within a deadline, and a connection silent between frames is closed.
+//
+// SIGINT or SIGTERM stops the server, which then prints its report and the
+// runtime's counters (runtime::stats); SIGUSR1 prints those counters and
+// the server goes on.
 #include <unistd.h>
 #include <array>
 #include <atomic>
@@ -21,6 +25,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -344,6 +349,12 @@ class server {
   std::uint64_t next_session_ = 0;
 };
 
+// The runtime's counters, in the text the pipeline example prints too.
+void print_runtime_stats(const runtime& rt) {
+  std::printf("dlasync runtime stats:\n%s\n", to_string(rt.stats()).c_str());
+  std::fflush(stdout);
+}
+
 int run() {
   const std::uint64_t budget =
       static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_memory_budget_mib))) << 20;
@@ -416,6 +427,15 @@ int run() {
   signals.async_wait([&](const asio::error_code& e, int) {
     if (!e) request_stop();
   });
+  asio::signal_set report(rt.get_executor(), SIGUSR1);
+  std::function<void()> report_on_signal = [&] {
+    report.async_wait([&](const asio::error_code& e, int) {
+      if (e) return;
+      print_runtime_stats(rt);
+      report_on_signal();
+    });
+  };
+  report_on_signal();
   asio::steady_timer deadline(rt.get_executor());
   if (absl::GetFlag(FLAGS_seconds) > 0) {
     deadline.expires_after(std::chrono::duration_cast<asio::steady_timer::duration>(
@@ -473,6 +493,7 @@ int run() {
     asio::error_code ignored;
     acceptor.close(ignored);
     signals.cancel(ignored);
+    report.cancel(ignored);
     deadline.cancel();
   });
   srv.close_all();
@@ -496,6 +517,7 @@ int run() {
   for (const auto& [code, count] : srv.stats().errors_by_code) {
     std::printf("  errors %s: %llu\n", code.c_str(), static_cast<unsigned long long>(count));
   }
+  print_runtime_stats(rt);
   return 0;
 }
 

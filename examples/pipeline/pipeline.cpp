@@ -10,8 +10,9 @@
 // back to the host for that) and account the results. The queues between the
 // stages are bounded: a slow stage holds the ones before it back.
 //
-// The run prints a live progress line and ends with a summary table; the exit
-// status is 0 only when every batch arrived intact.
+// The run prints a live progress line and ends with a summary table and the
+// runtime's own counters (runtime::stats); the exit status is 0 only when
+// every batch arrived intact.
 #include <unistd.h>
 #include <atomic>
 #include <chrono>
@@ -468,6 +469,8 @@ int run() {
       if (tty) std::fprintf(stderr, "\n");
     }
     print_summary(stats, cfg, std::chrono::duration<double>(clock::now() - start).count(), label);
+    // The runtime's view of the same run, in the text the server prints.
+    std::printf("\n%s\n", to_string(rt.stats()).c_str());
   }
   rt.shutdown();
   pinned.reset();

@@ -24,6 +24,7 @@ std::uint64_t memory_budget::acquire(std::uint64_t bytes, grant_fn fn) {
     return ticket;
   }
   waiters_.push_back({ticket, bytes, std::move(fn)});
+  waiting_.store(waiters_.size(), std::memory_order_relaxed);
   return ticket;
 }
 
@@ -44,6 +45,7 @@ bool memory_budget::cancel(std::uint64_t ticket, absl::Status why) {
       if (it->ticket == ticket) {
         fn = std::move(it->fn);
         waiters_.erase(it);
+        waiting_.store(waiters_.size(), std::memory_order_relaxed);
         break;
       }
     }
@@ -65,6 +67,7 @@ void memory_budget::release(std::uint64_t bytes) {
       granted.push_back(std::move(waiters_.front().fn));
       waiters_.pop_front();
     }
+    if (!granted.empty()) waiting_.store(waiters_.size(), std::memory_order_relaxed);
   }
   for (grant_fn& fn : granted) std::move(fn)(absl::OkStatus());
 }
@@ -72,11 +75,6 @@ void memory_budget::release(std::uint64_t bytes) {
 std::uint64_t memory_budget::in_use() const {
   std::lock_guard lock(mutex_);
   return in_use_;
-}
-
-std::size_t memory_budget::waiting() const {
-  std::lock_guard lock(mutex_);
-  return waiters_.size();
 }
 
 }  // namespace dlasync

@@ -38,6 +38,10 @@ std::size_t runtime::in_flight() const {
   return core_->in_flight();
 }
 
+runtime_stats runtime::stats() const noexcept {
+  return core_->stats();
+}
+
 std::uint64_t runtime::handler_exceptions() const noexcept {
   return core_->handler_exceptions();
 }

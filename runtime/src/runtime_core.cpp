@@ -77,10 +77,12 @@ absl::Status runtime_core::start(const process_topology& topology) {
     o.staging_chunk_bytes = options_.staging_chunk_bytes;
     o.staging_chunks = options_.staging_chunks;
     o.completions = completions_;
+    o.chunks_in_use = chunks_in_use_;
     DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o, [&topology](int ordinal) {
                                return topology.owns_cuda_ordinal(ordinal);
                              }));
     serve(*cuda_);
+    staging_chunks_ = static_cast<std::uint64_t>(options_.staging_chunks);
   }
   DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));
   registry_.emplace(std::move(registry));
@@ -144,6 +146,17 @@ stream_ref runtime_core::next_stream(device d) noexcept {
   if (d.kind == device_kind::cuda) slot += 1 + static_cast<std::size_t>(d.ordinal);
   const std::uint32_t n = next_stream_[slot].fetch_add(1, std::memory_order_relaxed);
   return {d, static_cast<int>(n % static_cast<std::uint32_t>(options_.streams_per_device))};
+}
+
+runtime_stats runtime_core::stats() const noexcept {
+  runtime_stats stats;
+  counters_.read(stats);
+  stats.imports_waiting_for_budget = budget_->waiting();
+  // Not through cuda_, which shutdown resets: the counts outlive it.
+  stats.staging_chunks_in_use =
+      static_cast<std::uint64_t>(chunks_in_use_->load(std::memory_order_relaxed));
+  stats.staging_chunks = staging_chunks_;
+  return stats;
 }
 
 std::size_t runtime_core::in_flight() const {

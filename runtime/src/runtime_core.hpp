@@ -31,6 +31,7 @@
 #include "runtime/src/cuda/cuda_backend.hpp"
 #include "runtime/src/handoff.hpp"
 #include "runtime/src/host/host_backend.hpp"
+#include "runtime/src/runtime_counters.hpp"
 #include "runtime/src/work_pool.hpp"
 
 namespace dlasync::detail {
@@ -67,6 +68,9 @@ class runtime_core {
   // that arrive on a thread dropping a tensor, continue: the workers, until
   // shutdown stops them.
   handoff& completions() noexcept { return *completions_; }
+  // What the imports count (runtime::stats).
+  runtime_counters& counters() noexcept { return counters_; }
+  runtime_stats stats() const noexcept;
   // Exceptions that escaped handlers on the runtime's executor.
   std::uint64_t handler_exceptions() const noexcept {
     return handler_exceptions_.load(std::memory_order_relaxed);
@@ -139,6 +143,11 @@ class runtime_core {
   bool shutdown_done_ = false;  // and finished
   std::condition_variable shutdown_finished_;
   std::atomic<std::uint64_t> handler_exceptions_{0};
+  runtime_counters counters_;
+  // The staging chunk pool's count of chunks in use, and its size; 0
+  // without a CUDA backend.
+  std::shared_ptr<std::atomic<int>> chunks_in_use_ = std::make_shared<std::atomic<int>>(0);
+  std::uint64_t staging_chunks_ = 0;
 };
 
 // The core of `rt`.

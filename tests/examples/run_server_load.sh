@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts the inference server, drives it with the load client (valid and
-# malformed frames from many connections), stops it with SIGTERM, and checks
-# both reports and exit statuses.
+# malformed frames from many connections), asks for the runtime's counters
+# with SIGUSR1, stops it with SIGTERM, and checks both reports and exit
+# statuses.
 #   run_server_load.sh SERVER CLIENT [server flags...]
 set -uo pipefail
 # Simulated GPUs stop at the first broken CUDA rule or stream-order race.
@@ -49,6 +50,15 @@ malformed=$(sed -n 's/^  malformed frames answered as expected: \([0-9]*\).*/\1/
 "$client" --port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 \
   || fail "the server does not serve after the malformed frames: $(cat "$dir/again.out")"
 
+# SIGUSR1 prints the runtime's counters, and the server goes on.
+kill -USR1 "$server_pid"
+for _ in $(seq 1 100); do
+  grep -q '^dlasync runtime stats:$' "$dir/server.out" && break
+  sleep 0.1
+done
+grep -q '^dlasync runtime stats:$' "$dir/server.out" || fail "no runtime stats on SIGUSR1"
+kill -0 "$server_pid" 2>/dev/null || fail "the server exited on SIGUSR1"
+
 kill -TERM "$server_pid"
 wait "$server_pid"
 server_status=$?
@@ -59,4 +69,16 @@ ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
 [ "${ok:-0}" -ge "$valid" ] || fail "the server answered $ok OK, the client counted $valid"
 grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"
 grep -q 'errors OUT_OF_RANGE: [1-9]' "$dir/server.out" || fail "no OutOfRange answers"
+# Its counters at the end: once at SIGUSR1, once at exit, with nothing left
+# in flight and every valid request imported.
+[ "$(grep -c '^dlasync runtime stats:$' "$dir/server.out")" -eq 2 ] ||
+  fail "the runtime stats are not printed once on SIGUSR1 and once at exit"
+imports=$(tail -n 4 "$dir/server.out" | grep '^imports: ')
+grep -Eq '^imports: 0 in flight, 0 waiting for budget; [0-9]+ views, [0-9]+ copies' <<<"$imports" ||
+  fail "the final runtime stats are not settled: $imports"
+completed=$(sed -E 's/.*; ([0-9]+) views, ([0-9]+) copies.*/\1 + \2/' <<<"$imports")
+[ "$((completed))" -ge "$valid" ] ||
+  fail "the runtime completed $completed imports, the client counted $valid valid requests"
+tail -n 1 "$dir/server.out" | grep -Eq '^latency \([1-9][0-9]* imports\): ' ||
+  fail "no latency histogram in the final runtime stats"
 echo "server OK"

@@ -44,6 +44,7 @@ void chunk_pool::take(grant_fn granted) {
       }
       chunk = free_.back();
       free_.pop_back();
+      in_use_->store(in_use_->load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     }
   }
   if (!failure.ok()) return granted(failure);
@@ -58,6 +59,7 @@ void chunk_pool::give(void* chunk) {
     std::lock_guard lock(mutex_);
     if (waiters_.empty()) {
       free_.push_back(chunk);
+      in_use_->store(in_use_->load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
       return;
     }
     next = std::move(waiters_.front());

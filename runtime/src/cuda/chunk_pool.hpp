@@ -9,9 +9,11 @@
 // `give` (a chunk came back).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -27,8 +29,17 @@ class chunk_pool {
   // Chunks are pinned with GPU `home` current (a GPU the process serves):
   // cudaMallocHost works in the current device's context, and the calling
   // thread's may be a GPU of another process.
-  chunk_pool(cuda::api& api, std::uint64_t bytes, int count, int home)
-      : api_(api), bytes_(bytes), count_(count), home_(home) {}
+  //
+  // `in_use` counts the chunks taken and not yet given back, for
+  // runtime::stats, which reads it without the pool's lock and after the
+  // pool is gone; null: the pool counts for itself.
+  chunk_pool(cuda::api& api, std::uint64_t bytes, int count, int home,
+             std::shared_ptr<std::atomic<int>> in_use = nullptr)
+      : api_(api),
+        bytes_(bytes),
+        count_(count),
+        home_(home),
+        in_use_(in_use ? std::move(in_use) : std::make_shared<std::atomic<int>>(0)) {}
   chunk_pool(const chunk_pool&) = delete;
   chunk_pool& operator=(const chunk_pool&) = delete;
   // Frees every chunk, those whose free failed earlier included.
@@ -54,6 +65,8 @@ class chunk_pool {
   std::vector<void*> free_;
   std::vector<void*> unfreed_;  // chunks whose free failed (a failed context)
   std::deque<grant_fn> waiters_;
+  // chunks_.size() - free_.size(), kept under the lock.
+  const std::shared_ptr<std::atomic<int>> in_use_;
 };
 
 }  // namespace dlasync::detail

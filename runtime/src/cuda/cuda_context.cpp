@@ -47,8 +47,8 @@ absl::StatusOr<std::shared_ptr<cuda_context>> cuda_context::create(
   if (!streams.ok()) return streams.status();
   context->streams_.emplace(*std::move(streams));
   context->events_ = std::make_unique<event_pool>(a, devices);
-  context->chunks_ =
-      std::make_unique<chunk_pool>(a, options.staging_chunk_bytes, options.staging_chunks, home);
+  context->chunks_ = std::make_unique<chunk_pool>(
+      a, options.staging_chunk_bytes, options.staging_chunks, home, options.chunks_in_use);
   context->reactor_ = std::make_unique<reactor>(a);
   return context;
 }

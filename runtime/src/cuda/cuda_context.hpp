@@ -14,6 +14,7 @@
 // Thread safety: all members are safe from any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +45,9 @@ struct cuda_options {
   // Where markers' callbacks run once their events complete; null runs
   // them on the reactor thread (tests of the context alone).
   std::shared_ptr<handoff> completions;
+  // Counts the staging chunks in use (runtime::stats); null: uncounted
+  // outside the pool.
+  std::shared_ptr<std::atomic<int>> chunks_in_use;
 };
 
 // A stream of a device: what drains are given.

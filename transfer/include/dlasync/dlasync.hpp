@@ -11,6 +11,7 @@
 #include "dlasync/runtime/memory_budget.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/runtime/runtime_options.hpp"
+#include "dlasync/runtime/runtime_stats.hpp"
 #include "dlasync/runtime/topology.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/dtype.hpp"

@@ -73,6 +73,20 @@ device stream_device(transfer_path path, const import_plan& plan) noexcept {
   return plan.target;
 }
 
+std::optional<byte_path> counted_path(transfer_path path) noexcept {
+  switch (path) {
+    case transfer_path::host_to_host: return byte_path::host_to_host;
+    case transfer_path::pinned_to_gpu: return byte_path::pinned_to_gpu;
+    case transfer_path::pageable_to_gpu: return byte_path::pageable_to_gpu;
+    case transfer_path::gpu_to_host: return byte_path::gpu_to_host;
+    case transfer_path::within_gpu: return byte_path::within_gpu;
+    case transfer_path::gpu_to_gpu: return byte_path::gpu_to_gpu;
+    case transfer_path::view:
+    case transfer_path::view_after_producer: break;
+  }
+  return std::nullopt;
+}
+
 marker_ptr start_copy(runtime_core& core, stream_ref s, copy_request request) {
   const cuda::owner_scope tagged(request.control ? request.control->owner : 0);
   switch (request.path) {

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "dlasync/runtime/device.hpp"
@@ -28,6 +29,7 @@
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "runtime/src/runtime_counters.hpp"
 #include "transfer/src/copy/strided_copy.hpp"
 
 namespace dlasync::detail {
@@ -42,6 +44,10 @@ enum class transfer_path : std::uint8_t {
   within_gpu,
   gpu_to_gpu,
 };
+
+// The byte counter of runtime::stats that a copy on `path` adds to;
+// nothing for the views, which move no bytes.
+std::optional<byte_path> counted_path(transfer_path path) noexcept;
 
 // Lets an import stop a copy that has not finished. The copy checks
 // `cancel_requested` between pieces and sets `aborted` when it stopped early

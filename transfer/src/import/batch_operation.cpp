@@ -75,7 +75,7 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
   for (std::size_t i = 0; i < n; ++i) {
     take_source(rt_, members_[i], sources[i]);
     if (members_[i].ready) {
-      member_done(i, std::move(*members_[i].ready));
+      member_ended(i, std::move(*members_[i].ready));
     } else if (!needs_budget(members_[i])) {
       start_member(i);  // a view that waits for its producer's stream
     }
@@ -128,7 +128,7 @@ void batch_operation::on_budget(absl::Status status) {
       m.source.reset();  // consumed: nothing reads it yet
       const absl::Status failed = failed_after_taking(status, m.plan);
       m.ready = failed;
-      member_done(i, failed);
+      member_ended(i, failed);
       continue;
     }
     m.budget_held = true;
@@ -170,6 +170,12 @@ void batch_operation::cancel() {
                                      "budget; its sources were released"));
   }
   for (const std::shared_ptr<import_operation>& op : ops) op->cancel();
+}
+
+void batch_operation::member_ended(std::size_t index, import_result result) {
+  const import_start& m = members_[index];
+  count_completed(core_, m.began, static_cast<transfer_path>(m.path), m.plan.byte_size, result);
+  member_done(index, std::move(result));
 }
 
 void batch_operation::member_done(std::size_t index, import_result result) {

@@ -34,6 +34,9 @@ class batch_operation : public std::enable_shared_from_this<batch_operation> {
   bool needs_budget(const import_start& m) const;
   void on_budget(absl::Status status);
   void start_member(std::size_t index);
+  // A member that ended without running as an import_operation (refused,
+  // a view, or failed waiting for budget): counted (runtime::stats), done.
+  void member_ended(std::size_t index, import_result result);
   void member_done(std::size_t index, import_result result);
   void arrive();
 

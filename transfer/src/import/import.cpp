@@ -19,6 +19,7 @@ namespace detail {
 import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options) {
   runtime_core& core = core_of(rt);
   import_start start;
+  start.began = core.counters().import_began();
   if (!core.accepting()) {
     start.ready = refused(shutting_down(), "shutdown");
     return start;
@@ -91,10 +92,39 @@ void take_source(runtime& rt, import_start& start, managed_tensor& source) {
 import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
   import_start start = prepare_import(rt, source, options);
   take_source(rt, start, source);
+  // A refusal or a view is handed on at once.
+  if (start.ready) {
+    count_completed(core_of(rt), start.began, static_cast<transfer_path>(start.path), 0,
+                    *start.ready);
+  }
   return start;
 }
 
 namespace {
+
+// import_view's result for a prepared import that is not ready: the view,
+// or why there can be none (the tensor then stays with `source`).
+absl::StatusOr<tensor> view_at_once(managed_tensor& source, const import_start& start) {
+  const import_plan& plan = start.plan;
+  switch (static_cast<transfer_path>(start.path)) {
+    case transfer_path::view: return tensor_factory::make_view(std::move(source), plan);
+    case transfer_path::view_after_producer:
+      return refused(
+          absl::FailedPreconditionError(absl::StrCat(
+              "import_view hands the view out at once and cannot wait for the producer's "
+              "stream ",
+              plan.producer_stream,
+              "; the tensor was not consumed: pass stream -1 after synchronizing the producer, "
+              "or use import_dlpack, which orders the view after the stream on the device")),
+          "producer_stream", &plan);
+    default:
+      return refused(
+          absl::FailedPreconditionError(absl::StrCat(
+              "a zero-copy view of this tensor is not possible: ", plan.copy_reason_text(),
+              "; the tensor was not consumed: use import_dlpack, which copies")),
+          "copy", &plan);
+  }
+}
 
 // The initiation of an import begun already (the awaitable form validates
 // and copies inline before it suspends).
@@ -119,27 +149,10 @@ struct initiate_started {
 absl::StatusOr<tensor> import_view(runtime& rt, managed_tensor& source,
                                    const import_options& options) {
   detail::import_start start = detail::prepare_import(rt, source, options);
-  if (start.ready) return *std::move(start.ready);
-  const import_plan& plan = start.plan;
-  switch (static_cast<detail::transfer_path>(start.path)) {
-    case detail::transfer_path::view:
-      return detail::tensor_factory::make_view(std::move(source), plan);
-    case detail::transfer_path::view_after_producer:
-      return detail::refused(
-          absl::FailedPreconditionError(absl::StrCat(
-              "import_view hands the view out at once and cannot wait for the producer's "
-              "stream ",
-              plan.producer_stream,
-              "; the tensor was not consumed: pass stream -1 after synchronizing the producer, "
-              "or use import_dlpack, which orders the view after the stream on the device")),
-          "producer_stream", &plan);
-    default:
-      return detail::refused(
-          absl::FailedPreconditionError(absl::StrCat(
-              "a zero-copy view of this tensor is not possible: ", plan.copy_reason_text(),
-              "; the tensor was not consumed: use import_dlpack, which copies")),
-          "copy", &plan);
-  }
+  absl::StatusOr<tensor> result =
+      start.ready ? *std::move(start.ready) : detail::view_at_once(source, start);
+  detail::count_completed(detail::core_of(rt), start.began, detail::transfer_path::view, 0, result);
+  return result;
 }
 
 #if defined(ASIO_HAS_CO_AWAIT)

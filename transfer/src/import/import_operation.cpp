@@ -41,6 +41,18 @@ std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
   return ticket;
 }
 
+void count_completed(runtime_core& core, runtime_counters::clock::time_point began,
+                     transfer_path path, std::uint64_t bytes,
+                     const import_result& result) noexcept {
+  runtime_counters& counters = core.counters();
+  if (!result.ok()) return counters.import_completed(began, import_outcome::failed);
+  if (const std::optional<byte_path> moved = counted_path(path)) {
+    counters.moved(*moved, bytes);
+    return counters.import_completed(began, import_outcome::copy);
+  }
+  counters.import_completed(began, import_outcome::view);
+}
+
 absl::Status shutting_down() {
   return absl::UnavailableError(
       "the dlasync runtime is shutting down and accepts no new imports; the tensor was not "
@@ -74,7 +86,8 @@ import_operation::import_operation(runtime_core& core, import_start started, don
       path_(static_cast<transfer_path>(started.path)),
       done_(std::move(done)),
       control_(std::make_shared<copy_control>()),
-      budget_held_(started.budget_held) {
+      budget_held_(started.budget_held),
+      began_(started.began) {
   const DLTensor& dl = *source_.dl_tensor();
   shape_.assign(dl.shape, dl.shape + dl.ndim);
 }
@@ -190,7 +203,10 @@ void import_operation::on_budget(absl::Status status) {
   if (caller_stream_follows(copied)) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.
-    std::move(done_)(tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_));
+    import_result result =
+        tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_);
+    count_completed(core_, began_, path_, bytes, result);
+    std::move(done_)(std::move(result));
     after(copied, [self = shared_from_this()](const absl::Status&) {
       self->release_source();
       self->core_.end_operation(self->op_id_);
@@ -252,6 +268,7 @@ void import_operation::on_copied(absl::Status status) {
 void import_operation::finish(import_result result) {
   release_source();
   if (!result.ok()) result = failed_after_taking(std::move(result).status(), plan_);
+  count_completed(core_, began_, path_, plan_.byte_size, result);
   std::move(done_)(std::move(result));
   if (op_id_ != 0) core_.end_operation(op_id_);
 }

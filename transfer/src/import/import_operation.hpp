@@ -61,6 +61,7 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   bool budget_held_ = false;
   device_buffer buffer_;
   free_stream_slot free_stream_;  // a GPU copy's, else null
+  runtime_counters::clock::time_point began_;
 };
 
 // Validates `source` and chooses its transfer path; consumes nothing. The
@@ -86,6 +87,13 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 // allocation and enqueue never run there. Returns the ticket.
 std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
                              memory_budget::grant_fn granted);
+
+// Counts, for runtime::stats, an import begun at `began` (prepare_import)
+// that completes now with `result`: a failure, a view, or a copy of
+// `bytes` on `path`. Called once per import, just before its result is
+// handed on.
+void count_completed(runtime_core& core, runtime_counters::clock::time_point began,
+                     transfer_path path, std::uint64_t bytes, const import_result& result) noexcept;
 
 // The Unavailable of an import that began after shutdown started; the
 // tensor is not consumed.

@@ -25,8 +25,10 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   const std::uint64_t op = core.begin_operation([] {});
   if (op == 0) {
     budget->release(bytes);
-    return import_result(failed_after_taking(
+    import_result result(failed_after_taking(
         with_import_error(shut_down_before_copy(), {true, "shutdown", ""}), start.plan));
+    count_completed(core, start.began, transfer_path::host_to_host, bytes, result);
+    return result;
   }
   absl::StatusOr<device_buffer> allocated =
       core.host().allocate(plan.target, bytes, plan.alignment, {plan.target, 0});
@@ -49,7 +51,9 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   managed_tensor consumed = std::move(start.source);
   consumed.reset();
   core.end_operation(op);
-  return tensor_factory::make_copy(std::move(buffer), plan, shape);
+  import_result result = tensor_factory::make_copy(std::move(buffer), plan, shape);
+  count_completed(core, start.began, transfer_path::host_to_host, bytes, result);
+  return result;
 }
 
 }  // namespace dlasync::detail

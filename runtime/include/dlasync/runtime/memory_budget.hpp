@@ -18,6 +18,7 @@
 // cancel, never under the budget's lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -52,7 +53,8 @@ class memory_budget {
 
   std::uint64_t limit() const noexcept { return limit_; }
   std::uint64_t in_use() const;
-  std::size_t waiting() const;
+  // Requests waiting in line; reads no lock (runtime::stats reads it).
+  std::size_t waiting() const noexcept { return waiting_.load(std::memory_order_relaxed); }
 
  private:
   struct waiter {
@@ -66,6 +68,8 @@ class memory_budget {
   std::uint64_t in_use_ = 0;
   std::uint64_t next_ticket_ = 1;
   std::deque<waiter> waiters_;
+  // waiters_.size(), kept under the lock.
+  std::atomic<std::size_t> waiting_{0};
 };
 
 }  // namespace dlasync

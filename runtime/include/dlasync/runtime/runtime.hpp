@@ -45,6 +45,7 @@
 #include "dlasync/runtime/device_registry.hpp"
 #include "dlasync/runtime/memory_budget.hpp"
 #include "dlasync/runtime/runtime_options.hpp"
+#include "dlasync/runtime/runtime_stats.hpp"
 
 namespace dlasync {
 
@@ -93,8 +94,15 @@ class runtime {
   // False once shutdown has begun.
   bool accepting() const noexcept;
 
-  // Imports in flight.
+  // Import operations in flight, those shutdown would cancel.
   std::size_t in_flight() const;
+
+  // A snapshot of the import counters: in flight, waiting for budget,
+  // views, copies and failures, bytes by transfer path, staging chunks in
+  // use, completion latencies. Takes no lock; each field is exact on its
+  // own, the fields are read one after another (runtime_stats.hpp says what
+  // that promises).
+  runtime_stats stats() const noexcept;
 
   // Exceptions that escaped handlers run on the runtime's executor
   // (reported through runtime_options::on_handler_exception).

@@ -6,6 +6,7 @@
 // library (transfer/src/import/). Not for direct use.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -50,6 +51,8 @@ struct import_start {
   // The copy budget for plan.byte_size is held already (a batch reserves
   // its members' budget together).
   bool budget_held = false;
+  // When the import began, for its completion latency (runtime::stats).
+  std::chrono::steady_clock::time_point began;
 };
 
 // Validates `source` against `options` and takes it only when that passes.

@@ -1,0 +1,90 @@
+// The runtime's import counters (internal): what runtime::stats() reads.
+// The transfer layer counts each import twice, when it begins and when it
+// completes, and the bytes of each completed copy on its path; the staging
+// chunks and the budget's waiters are counted by the chunk pool and the
+// budget themselves.
+//
+// Every thread that starts or completes imports bumps these, so each
+// counter has a cache line of its own: without that, the workers' and the
+// callers' increments would pull one line back and forth between cores.
+// Increments are relaxed, but for the completion counts, which release:
+// a reader that acquires them sees the begin (and the outcome) of every
+// import they count, so the snapshot's sums never contradict each other
+// (dlasync/runtime/runtime_stats.hpp).
+//
+// Thread safety: all members are safe to call from any thread.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "dlasync/runtime/runtime_stats.hpp"
+
+namespace dlasync::detail {
+
+// How an import completed.
+enum class import_outcome : std::uint8_t { view, copy, failed };
+
+// The transfer paths that move bytes, one counter each, as the fields of
+// transfer_bytes; transfer/src/copy/transfer_path.hpp maps its paths on
+// them.
+enum class byte_path : std::uint8_t {
+  host_to_host,
+  pinned_to_gpu,
+  pageable_to_gpu,
+  gpu_to_host,
+  within_gpu,
+  gpu_to_gpu,
+};
+inline constexpr std::size_t byte_path_count = 6;
+
+class runtime_counters {
+ public:
+  using clock = std::chrono::steady_clock;
+
+  // An import begins; returns the time its latency is measured from.
+  clock::time_point import_began() noexcept {
+    began_.value.fetch_add(1, std::memory_order_relaxed);
+    return clock::now();
+  }
+
+  // The import begun at `began` completed with `outcome`.
+  void import_completed(clock::time_point began, import_outcome outcome) noexcept {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - began);
+    const auto ticks = static_cast<std::uint64_t>(us.count() > 0 ? us.count() : 0);
+    const std::size_t bucket =
+        std::min<std::size_t>(std::bit_width(ticks), latency_histogram::bucket_count - 1);
+    // The outcome first: a reader that sees the bucket sees it too.
+    outcomes_[static_cast<std::size_t>(outcome)].value.fetch_add(1, std::memory_order_release);
+    buckets_[bucket].value.fetch_add(1, std::memory_order_release);
+  }
+
+  // A copy on `path` completed, having moved `bytes`.
+  void moved(byte_path path, std::uint64_t bytes) noexcept {
+    bytes_[static_cast<std::size_t>(path)].value.fetch_add(bytes, std::memory_order_relaxed);
+  }
+
+  // The import counters of `stats` (runtime_stats documents the order of
+  // the reads and what it promises).
+  void read(runtime_stats& stats) const noexcept;
+
+ private:
+  // 64 bytes: the cache line of x86-64 and of most Arm cores. (g++ warns
+  // that std::hardware_destructive_interference_size may differ between
+  // translation units compiled for other targets.)
+  struct alignas(64) counter {
+    std::atomic<std::uint64_t> value{0};
+  };
+
+  counter began_;
+  std::array<counter, 3> outcomes_;
+  std::array<counter, byte_path_count> bytes_;
+  std::array<counter, latency_histogram::bucket_count> buckets_;
+};
+
+}  // namespace dlasync::detail
