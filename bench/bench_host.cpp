@@ -16,11 +16,13 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +82,50 @@ void fast_path_inline(benchmark::State& state) {
   }
 }
 BENCHMARK(fast_path_inline);
+
+// import_view while another thread reads runtime::stats() without pause,
+// against import_view alone: what a metrics reader costs the fast path.
+void fast_path_stats_reader(benchmark::State& state) {
+  constexpr std::int64_t batch = 256;
+  host_source t(64, 64);
+  dlasync::runtime& rt = bench_runtime();
+  const dlasync::device_registry& registry = rt.registry();
+  std::atomic<bool> reading{false};
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> reads{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (reading.load(std::memory_order_relaxed)) {
+        const dlasync::runtime_stats s = rt.stats();
+        benchmark::DoNotOptimize(s);
+        reads.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  });
+  pair_clock clock(state, batch);
+  auto view = [&] {
+    dlasync::managed_tensor source(&t.managed);
+    absl::StatusOr<dlasync::tensor> v = dlasync::import_view(source, {}, registry);
+    benchmark::DoNotOptimize(v);
+  };
+  for (auto _ : state) {
+    for (int half = 0; half < 2; ++half) {
+      const bool base = clock.baseline_turn(half);
+      reading.store(!base, std::memory_order_relaxed);
+      clock.start();
+      for (std::int64_t i = 0; i < batch; ++i) view();
+      clock.stop(base);
+    }
+  }
+  reading = false;
+  stop = true;
+  reader.join();
+  clock.finish(0);
+  state.counters["stats_reads"] = static_cast<double>(reads.load());
+}
+BENCHMARK(fast_path_stats_reader)->UseManualTime();
 
 // co_await import_dlpack of a zero-copy view against a bare co_await
 // asio::post on the same io_context, 256 of each per half.
@@ -231,6 +277,13 @@ void print_ratios(const pair_reporter& r) {
           r.skipped("fast_path_co_await"));
   }
   {
+    ratio_table t("host", "import_view while another thread reads runtime::stats() nonstop",
+                  "alone", "reading", "ns");
+    t.row("time ratio (about 1)", 0,
+          r.pair("fast_path_stats_reader", pair_reporter::ratio_kind::cost),
+          r.skipped("fast_path_stats_reader"));
+  }
+  {
     ratio_table t("host", "1 KiB copy imports from 64 coroutines against hops to a pool and back",
                   "hops", "imports", "ns");
     t.row("imports per hop (speed)", 1024, r.pair("small_imports_concurrent"),
@@ -290,6 +343,11 @@ int count(const std::string& name) {
       dlasync::managed_tensor source(&view_source.managed);
       absl::StatusOr<dlasync::tensor> view = dlasync::import_view(source, {}, registry);
       benchmark::DoNotOptimize(view);
+    };
+  } else if (name == "stats") {
+    op = [&] {
+      const dlasync::runtime_stats s = rt.stats();
+      benchmark::DoNotOptimize(s);
     };
   } else if (name == "co_await_import" || name == "co_await_post" || name == "co_await_copy_64k") {
     // One coroutine on an io_context of this thread, resumed per call.

@@ -5,13 +5,13 @@
 # (--count=NAME); callgrind collects inside it only.
 #
 #   scripts/count_instructions.sh [build dir, default build-bench] [operation...]
-#   operations: import_view co_await_import co_await_post co_await_copy_64k
+#   operations: import_view co_await_import co_await_post co_await_copy_64k stats
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-bench}
 shift || true
 ops=("$@")
-[ ${#ops[@]} -gt 0 ] || ops=(import_view co_await_import co_await_post co_await_copy_64k)
+[ ${#ops[@]} -gt 0 ] || ops=(import_view co_await_import co_await_post co_await_copy_64k stats)
 command -v valgrind >/dev/null || bash scripts/install-deps.sh valgrind
 bench="$build/bench/dlasync_bench_host"
 [ -x "$bench" ] || { echo "no $bench: build the benchmarks first" >&2; exit 1; }

@@ -82,7 +82,8 @@ TEST_CASE("a new runtime's stats are all zero, with no staging chunks on the hos
 }
 
 TEST_CASE("views and copies are counted exactly, whichever form imports them", "[runtime][stats]") {
-  std::unique_ptr<runtime> rt = make_runtime();
+  // Copies of up to 64 KiB inline, larger ones on the workers.
+  std::unique_ptr<runtime> rt = make_runtime(2, 0, {}, std::uint64_t{64} << 10);
   matrix_source small(16, 16);    // 1 KiB: copied inline
   matrix_source large(512, 512);  // 1 MiB: copied on the workers
   REQUIRE(small.bytes() <= rt->options().inline_copy_bytes);
