@@ -123,6 +123,14 @@ void run_pair(benchmark::State& state, std::int64_t batch, Base&& base, Measured
   clock.finish(bytes);
 }
 
+// For a benchmark that is not a pair, in a program whose pairs write CSV:
+// Google Benchmark's CSV writer wants every run to carry the counters of
+// the first, so such a benchmark carries the pair counters at 0 (the
+// reporter reads them as "not a pair").
+inline void mark_unpaired(benchmark::State& state) {
+  for (const char* name : {"base_ns", "ns", "batch", "run_bytes"}) state.counters[name] = 0;
+}
+
 // Enough runs per half that one half lasts tens of microseconds, so the
 // clock's own cost stays out of the figures: for operations of `bytes`.
 inline std::int64_t batch_for(std::int64_t bytes) {
@@ -208,7 +216,7 @@ class pair_reporter : public benchmark::ConsoleReporter {
       auto base = run.counters.find("base_ns");
       auto ns = run.counters.find("ns");
       auto bytes = run.counters.find("run_bytes");
-      if (base == run.counters.end() || ns == run.counters.end()) {
+      if (base == run.counters.end() || ns == run.counters.end() || base->second.value <= 0) {
         times_[name].push_back(run.GetAdjustedRealTime());
         continue;
       }

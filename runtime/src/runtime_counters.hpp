@@ -47,18 +47,27 @@ class runtime_counters {
  public:
   using clock = std::chrono::steady_clock;
 
-  // An import begins; returns the time its latency is measured from.
-  clock::time_point import_began() noexcept {
-    began_.value.fetch_add(1, std::memory_order_relaxed);
-    return clock::now();
+  // An import begins. Its latency is not timed yet: an import that
+  // completes inside the call without copying (a view, a refusal) counts in
+  // the first bucket, under 1 us, without reading the clock, as two clock
+  // reads would cost about as much as such an import. One that copies or
+  // waits is timed from then on (timed_from).
+  void import_began() noexcept { began_.value.fetch_add(1, std::memory_order_relaxed); }
+
+  // `began`, or now when the import is not timed yet.
+  static clock::time_point timed_from(clock::time_point began) noexcept {
+    return began == clock::time_point{} ? clock::now() : began;
   }
 
-  // The import begun at `began` completed with `outcome`.
+  // The import begun at `began` (clock::time_point{}: not timed, see
+  // import_began) completed with `outcome`.
   void import_completed(clock::time_point began, import_outcome outcome) noexcept {
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - began);
-    const auto ticks = static_cast<std::uint64_t>(us.count() > 0 ? us.count() : 0);
-    const std::size_t bucket =
-        std::min<std::size_t>(std::bit_width(ticks), latency_histogram::bucket_count - 1);
+    std::size_t bucket = 0;
+    if (began != clock::time_point{}) {
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(clock::now() - began);
+      const auto ticks = static_cast<std::uint64_t>(us.count() > 0 ? us.count() : 0);
+      bucket = std::min<std::size_t>(std::bit_width(ticks), latency_histogram::bucket_count - 1);
+    }
     // The outcome first: a reader that sees the bucket sees it too.
     outcomes_[static_cast<std::size_t>(outcome)].value.fetch_add(1, std::memory_order_release);
     buckets_[bucket].value.fetch_add(1, std::memory_order_release);

@@ -19,7 +19,7 @@ namespace detail {
 import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options) {
   runtime_core& core = core_of(rt);
   import_start start;
-  start.began = core.counters().import_began();
+  core.counters().import_began();
   if (!core.accepting()) {
     start.ready = refused(shutting_down(), "shutdown");
     return start;

@@ -87,7 +87,7 @@ import_operation::import_operation(runtime_core& core, import_start started, don
       done_(std::move(done)),
       control_(std::make_shared<copy_control>()),
       budget_held_(started.budget_held),
-      began_(started.began) {
+      began_(runtime_counters::timed_from(started.began)) {
   const DLTensor& dl = *source_.dl_tensor();
   shape_.assign(dl.shape, dl.shape + dl.ndim);
 }

@@ -21,6 +21,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   const std::shared_ptr<memory_budget>& budget = core.budget();
   const std::uint64_t bytes = plan.byte_size;
   if (!budget->try_acquire(bytes)) return std::nullopt;
+  start.began = runtime_counters::timed_from(start.began);
   // Registered, so that a shutdown on another thread waits for the copy.
   const std::uint64_t op = core.begin_operation([] {});
   if (op == 0) {

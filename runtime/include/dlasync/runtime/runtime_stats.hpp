@@ -35,9 +35,12 @@
 //
 // Cost: the counters are atomics on cache lines of their own, bumped
 // relaxed (the completion counts with release, which is what orders the
-// reads above; on x86 the same instruction). An import adds four or five
-// atomic increments and two clock reads (at its start and its completion),
-// and takes no lock and allocates nothing for them. stats() takes no lock.
+// reads above; on x86 the same instruction). An import adds three to five
+// atomic increments, and takes no lock and allocates nothing for them. An
+// import that copies or waits also reads the clock twice; one that
+// completes inside the call without copying (a view, a refusal) does not,
+// as the two reads would cost about as much as the view itself. stats()
+// takes no lock.
 #pragma once
 
 #include <array>
@@ -98,7 +101,9 @@ struct runtime_stats {
   // CUDA backend.
   std::uint64_t staging_chunks_in_use = 0;
   std::uint64_t staging_chunks = 0;
-  // From the start of each import to its completion.
+  // From the start of each import's copy or wait to its completion. Imports
+  // that complete inside the call without copying (views, refusals) are
+  // counted in buckets[0], under 1 us, without reading the clock.
   latency_histogram latency;
 };
 

@@ -51,7 +51,8 @@ struct import_start {
   // The copy budget for plan.byte_size is held already (a batch reserves
   // its members' budget together).
   bool budget_held = false;
-  // When the import began, for its completion latency (runtime::stats).
+  // When the import's copy or wait began, for its completion latency
+  // (runtime::stats); time_point{} until it copies or waits.
   std::chrono::steady_clock::time_point began;
 };
 
