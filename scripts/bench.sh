@@ -118,72 +118,10 @@ fi
   fi
 } >"$out/$machine.txt"
 
-# The plot: one question per panel, ratios against size with the lowest and
-# highest per-repetition ratio as error bars (1 = the baseline):
-#   host copy kernel against memcpy;
-#   whole imports against PyTorch's contiguous(), 1 and 2 threads;
-#   the Python module against NumPy's ascontiguousarray;
-#   GPU transfers against cudaMemcpyAsync, on a real GPU; a simulated GPU's
-#   figures get a panel of their own, titled as simulated, never shared
-#   axes with real ones.
-series="$work/series"
-rm -rf "$series"
-mkdir -p "$series"
-/usr/bin/python3 - "$work/ratios.csv" "$series" "$gpu_label" <<'PY'
-import csv, os, sys
-rows, out, gpu = sys.argv[1], sys.argv[2], sys.argv[3]
-panels = []  # (file prefix, panel title)
-def panel(program, title):
-    if program == "host" and title.startswith("copy kernel"):
-        return "1", "copy kernel, 1 thread / memcpy"
-    if program == "torch" and "contiguous()" in title:
-        t = "1 thread" if "1 thread" in title else "2 threads"
-        return ("2" if t == "1 thread" else "3"), f"whole import / PyTorch contiguous(), {t}"
-    if program == "python" and "ascontiguousarray" in title:
-        return "4", "Python rt.from_dlpack copy / NumPy ascontiguousarray"
-    if program == "gpu":
-        return "5", ("simulated GPU (not a real device): " if gpu != "gpu" else "GPU: ") + title
-    return None
-if os.path.exists(rows):
-    with open(rows, newline="") as f:
-        for r in csv.reader(f):
-            if len(r) < 12:
-                continue
-            p = panel(r[0], r[1])
-            if p is None:
-                continue
-            key, title = p
-            name = f"{key}_{r[2].replace(' ', '-').replace('/', '-')}"
-            with open(os.path.join(out, name + ".dat"), "a") as d:
-                d.write(f"{r[3]} {r[7]} {r[8]} {r[9]}\n")
-            with open(os.path.join(out, key + ".title"), "w") as t:
-                t.write(title)
-PY
-panels=$(ls "$series"/*.title 2>/dev/null | wc -l)
-if [ "$panels" -gt 0 ]; then
-  {
-    echo "set terminal pngcairo size 1200,$((360 * ((panels + 1) / 2)))"
-    echo "set output '$out/$machine.png'"
-    echo "set multiplot layout $(((panels + 1) / 2)),2 title 'dlasync on $machine: ratios to the baseline (median, lowest-highest of interleaved repetitions)'"
-    echo "set logscale x 2"
-    echo "set xtics ('4K' 4096, '64K' 65536, '1M' 1048576, '16M' 16777216, '256M' 268435456, '1G' 1073741824)"
-    echo "set xrange [1500:2e9]"
-    echo "set grid"
-    echo "set key top left font ',8'"
-    echo "set ylabel 'ratio (1 = baseline)'"
-    for t in "$series"/*.title; do
-      key=$(basename "$t" .title)
-      echo "set title '$(cat "$t")'"
-      plots=""
-      for f in "$series/${key}"_*.dat; do
-        sort -n -o "$f" "$f"
-        label=$(basename "$f" .dat)
-        plots="${plots:+$plots, }'$f' using 1:2:3:4 with yerrorlines title '${label#*_}'"
-      done
-      echo "plot 1 with lines lc 'black' dt 2 notitle, $plots"
-    done
-    echo "unset multiplot"
-  } | gnuplot
+# The plot: one question per panel (bench/plot_ratios.sh).
+panels=0
+if bash bench/plot_ratios.sh "$work/ratios.csv" "$out/$machine.png" "$machine" "$gpu_label"; then
+  panels=1
 fi
 
 # The table in docs/performance.md, between its markers.
