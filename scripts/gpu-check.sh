@@ -60,8 +60,11 @@ part() {
   local name=$1 log=$out/$2
   shift 2
   echo "== $name"
-  local rc=0
-  "$@" > >(tee -a "$log") 2>&1 || rc=$?
+  local rc
+  set +e
+  "$@" 2>&1 | tee -a "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
   echo "$name: exit $rc" >>"$out/summary.txt"
   [ "$rc" -eq 0 ] || status=$rc
 }
