@@ -1,8 +1,10 @@
-// The gather kernel's arithmetic, as the GPU runs it (gather_math.hpp is
-// compiled into the CUDA kernel as well): word sizes from the actual
+// The gather kernels' arithmetic, as the GPU runs it (gather_math.hpp is
+// compiled into the CUDA kernels as well): word sizes from the actual
 // alignment, the index math against a plain reference for every word size,
-// up to 64 dimensions, negative and zero strides, and a launch geometry that
-// covers every word exactly once.
+// up to 64 dimensions, negative and zero strides, a launch geometry that
+// covers every word exactly once, and the tiled transpose (its choice, and
+// its two phases through the shared tile) on ragged, batched and reversed
+// shapes of every word size.
 #include "transfer/src/copy/gather_math.hpp"
 
 #include <algorithm>
@@ -41,8 +43,10 @@ std::vector<unsigned char> reference(const unsigned char* src, const strided_lay
 
 // Gathers `layout` with the GPU's grid from a source whose first element
 // lies `misalign` bytes past an aligned spot, into a destination at
-// `dst_misalign`; checks the bytes against the reference.
-void check_gather(const strided_layout& layout, std::size_t misalign, std::size_t dst_misalign) {
+// `dst_misalign`; checks the bytes against the reference. Returns the
+// parameters the gather ran with.
+gather_params check_gather(const strided_layout& layout, std::size_t misalign,
+                           std::size_t dst_misalign) {
   const auto element = static_cast<std::int64_t>(layout.element_size);
   std::int64_t low = 0;
   std::int64_t high = 0;
@@ -57,13 +61,18 @@ void check_gather(const strided_layout& layout, std::size_t misalign, std::size_
   std::vector<unsigned char> storage(span + 64 + 32);
   auto* aligned = reinterpret_cast<unsigned char*>(
       (reinterpret_cast<std::uintptr_t>(storage.data()) + 31) / 32 * 32);
-  for (std::size_t i = 0; i < span + 32; ++i) aligned[i] = static_cast<unsigned char>(i * 37 + 11);
+  // Bytes that do not repeat with any short period: an element read from
+  // the wrong place shows.
+  for (std::size_t i = 0; i < span + 32; ++i) {
+    aligned[i] = static_cast<unsigned char>((i * 0x9E3779B97F4A7C15u) >> 56);
+  }
   const unsigned char* src = aligned + misalign - low * element;
 
   std::vector<unsigned char> out_storage(static_cast<std::size_t>(elements * element) + 64);
   auto* dst = reinterpret_cast<unsigned char*>(
                   (reinterpret_cast<std::uintptr_t>(out_storage.data()) + 31) / 32 * 32) +
               dst_misalign;
+  std::fill(out_storage.begin(), out_storage.end(), std::uint8_t{0xEE});
   absl::StatusOr<gather_params> p = gather_params_for(dst, src, layout);
   REQUIRE(p.ok());
   CHECK(p->count == elements * p->words_per_element);
@@ -77,6 +86,7 @@ void check_gather(const strided_layout& layout, std::size_t misalign, std::size_
     CHECK(extent.begin == aligned + misalign);
     CHECK(extent.bytes == span);
   }
+  return *p;
 }
 
 }  // namespace
@@ -186,12 +196,110 @@ TEST_CASE("a load the GPU would make misaligned stops the simulated grid", "[cop
   p.word_bytes = 8;
   p.words_per_element = 1;
   p.count = 2;
+  prepare_divisors(p);
   CHECK(run_gather_grid(p, src + 4, dst) == cuda::error::misaligned_address);
   p.word_bytes = copy_kernels::gather_word_bytes(reinterpret_cast<std::uintptr_t>(src + 4),
                                                  reinterpret_cast<std::uintptr_t>(dst), 8);
   p.words_per_element = 8 / p.word_bytes;
   p.count = 2 * p.words_per_element;
+  prepare_divisors(p);
   CHECK(run_gather_grid(p, src + 4, dst) == cuda::error::success);
+}
+
+TEST_CASE("transposes take the tiled kernel, other layouts the plain gather", "[copy][gather]") {
+  alignas(16) static unsigned char buffer[64];
+  const auto tile_dim = [](const strided_layout& layout, std::size_t misalign = 0) {
+    absl::StatusOr<gather_params> p = gather_params_for(buffer, buffer + misalign, layout);
+    REQUIRE(p.ok());
+    return p->tile_dim;
+  };
+  CHECK(tile_dim({4, {64, 48}, {1, 64}}) == 0);                // a transpose
+  CHECK(tile_dim({4, {64, 48}, {1, -64}}) == 0);               // with reversed rows
+  CHECK(tile_dim({4, {3, 40, 50}, {2000, 1, 40}}) == 1);       // batched
+  CHECK(tile_dim({4, {40, 3, 50}, {1, 2000, 40}}) == 0);       // batch in the middle
+  CHECK(tile_dim({2, {1, 64, 1, 48}, {999, 1, 7, 64}}) == 0);  // unit dimensions dropped
+  CHECK(tile_dim({16, {16, 16}, {1, 16}}) == 0);
+  CHECK(tile_dim({4, {48, 64}, {64, 1}}) == -1);     // compact: one run
+  CHECK(tile_dim({4, {48, 64}, {80, 1}}) == -1);     // rows: coalesced already
+  CHECK(tile_dim({4, {10, 64}, {1, 10}}) == -1);     // too few rows for tiles
+  CHECK(tile_dim({4, {64, 15}, {1, 64}}) == -1);     // too few columns
+  CHECK(tile_dim({4, {64, 48}, {1, 0}}) == -1);      // broadcast columns
+  CHECK(tile_dim({4, {64, 48}, {2, 128}}) == -1);    // no contiguous dimension
+  CHECK(tile_dim({8, {64, 48}, {1, 64}}, 4) == -1);  // two words an element
+  CHECK(tile_dim({32, {64, 48}, {1, 64}}) == -1);    // two words an element
+  absl::StatusOr<gather_params> empty = gather_params_for(buffer, buffer, {4, {0, 64}, {1, 0}});
+  REQUIRE(empty.ok());
+  CHECK(empty->count == 0);
+  CHECK(empty->tile_dim == -1);
+}
+
+TEST_CASE("the tiled transpose matches the reference on ragged edges, for every word size",
+          "[copy][gather]") {
+  int tiled = 0;
+  for (const std::size_t size : {1, 2, 4, 8, 16}) {
+    for (const std::int64_t rows : {16, 31, 32, 33, 64, 70}) {
+      for (const std::int64_t cols : {16, 17, 32, 45, 96}) {
+        INFO("element " << size << ", " << rows << " x " << cols);
+        // Transposed, transposed with padded columns, and with the columns
+        // reversed.
+        for (const std::int64_t col_stride : {rows, rows + 3, -rows}) {
+          const gather_params p = check_gather({size, {rows, cols}, {1, col_stride}}, 0, 0);
+          CHECK(p.tile_dim == 0);
+          CHECK(p.words_per_element == 1);
+          tiled += p.tile_dim == 0 ? 1 : 0;
+        }
+      }
+    }
+  }
+  CHECK(tiled == 5 * 6 * 5 * 3);
+}
+
+TEST_CASE("the tiled transpose matches the reference on batches, in any dimension",
+          "[copy][gather]") {
+  for (const std::size_t size : {1, 4, 16}) {
+    INFO("element " << size);
+    // Batches outside: (b, r, c) read from [b][c][r].
+    for (const std::int64_t batch : {2, 3}) {
+      const gather_params p = check_gather({size, {batch, 33, 40}, {1320, 1, 33}}, 0, 0);
+      CHECK(p.tile_dim == 1);
+      CHECK(p.tiles == batch * 2 * 2);
+    }
+    // Batches between the tile's dimensions: (r, b, c) read from [b][c][r],
+    // and from [c][b][r].
+    CHECK(check_gather({size, {20, 3, 50}, {1, 1000, 20}}, 0, 0).tile_dim == 0);
+    CHECK(check_gather({size, {20, 3, 50}, {1, 20, 60}}, 0, 0).tile_dim == 0);
+    // Two batch dimensions, one reversed, one broadcast; and a 4-D
+    // permutation (0, 3, 1, 2) of a compact [2][5][17][36] source.
+    CHECK(check_gather({size, {2, 3, 36, 17}, {-612, 0, 1, 36}}, 0, 0).tile_dim == 2);
+    CHECK(check_gather({size, {2, 36, 5, 17}, {3060, 1, 612, 36}}, 0, 0).tile_dim == 1);
+  }
+}
+
+TEST_CASE("tiles of misaligned elements fall back to words the addresses allow", "[copy][gather]") {
+  // complex64 at 4 mod 8 and complex128 at 8 mod 16: two words an element,
+  // so the plain gather, which moves them aligned.
+  CHECK(check_gather({8, {40, 40}, {1, 40}}, 4, 0).tile_dim == -1);
+  CHECK(check_gather({16, {40, 40}, {1, 40}}, 8, 0).tile_dim == -1);
+  // float32 misaligned by 2: halves are the words.
+  CHECK(check_gather({4, {40, 40}, {1, 40}}, 2, 0).tile_dim == -1);
+  // Aligned ones tile, with or without the destination at 16 bytes.
+  CHECK(check_gather({8, {40, 40}, {1, 40}}, 8, 8).tile_dim == 0);
+}
+
+TEST_CASE("the simulated tiles stop where the GPU would fault", "[copy][gather]") {
+  alignas(16) std::uint64_t src[48 * 48] = {};
+  alignas(16) std::uint64_t dst[48 * 48] = {};
+  absl::StatusOr<gather_params> p = gather_params_for(dst, src, {8, {48, 48}, {1, 48}});
+  REQUIRE(p.ok());
+  REQUIRE(p->tile_dim == 0);
+  CHECK(run_gather_grid(*p, src, dst) == cuda::error::success);
+  gather_params misaligned = *p;
+  CHECK(run_gather_grid(misaligned, reinterpret_cast<char*>(src) + 4, dst) ==
+        cuda::error::misaligned_address);
+  // Rows that run past the destination.
+  gather_params past = *p;
+  past.dst_strides[0] = 49;
+  CHECK(run_gather_grid(past, src, dst) == cuda::error::illegal_address);
 }
 
 }  // namespace dlasync::detail

@@ -1,7 +1,17 @@
-// dlasync's compaction kernel: gathers a strided device tensor into compact
-// row-major order. One thread per destination word, grid-stride loop;
-// words of 1, 2, 4, 8 or 16 bytes, as aligned as source and destination
-// allow (gather_math.hpp holds the arithmetic, shared with the simulation).
+// dlasync's compaction kernels: gather a strided device tensor into compact
+// row-major order, in words of 1, 2, 4, 8 or 16 bytes, as aligned as source
+// and destination allow (gather_math.hpp holds the arithmetic, shared with
+// the simulation, and describes both kernels).
+//
+// gather: one thread per destination word, grid-stride loop. Stores are
+//   coalesced; loads follow the source's strides.
+// gather_tiles: transposes (the source contiguous along a dimension other
+//   than the destination's last). A plain gather would read each element
+//   from a different 32-byte sector; instead each block stages 32 x 32
+//   elements in shared memory: loaded with a warp on 32 consecutive source
+//   elements, stored with a warp on 32 consecutive destination elements,
+//   a __syncthreads between. The tile's pitch of 33 words keeps the
+//   second phase's column reads free of bank conflicts.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,6 +33,29 @@ __global__ void gather(char* dst, const char* src, gather_params p) {
   }
 }
 
+template <typename Word>
+__global__ void __launch_bounds__(gather_tile* gather_tile_rows)
+    gather_tiles(char* dst, const char* src, gather_params p) {
+  __shared__ Word tile[gather_tile_slots];
+  const int x = static_cast<int>(threadIdx.x);
+  const int y = static_cast<int>(threadIdx.y);
+  for (std::int64_t t = blockIdx.x; t < p.tiles; t += gridDim.x) {
+    const gather_tile_origin o = gather_tile_at(t, p);
+#pragma unroll
+    for (int k = 0; k < gather_tile_passes; ++k) {
+      const gather_tile_move m = gather_tile_load(o, p, x, y, k);
+      if (m.slot >= 0) tile[m.slot] = *reinterpret_cast<const Word*>(src + m.at);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < gather_tile_passes; ++k) {
+      const gather_tile_move m = gather_tile_store(o, p, x, y, k);
+      if (m.slot >= 0) reinterpret_cast<Word*>(dst)[m.at] = tile[m.slot];
+    }
+    __syncthreads();  // the tile is free for the block's next one
+  }
+}
+
 struct alignas(16) word16 {
   std::uint64_t lo, hi;
 };
@@ -30,6 +63,7 @@ struct alignas(16) word16 {
 template <typename Word>
 cudaError_t launch(const cudaLaunchConfig_t& config, char* dst, const char* src,
                    const gather_params& p) {
+  if (p.tile_dim >= 0) return cudaLaunchKernelEx(&config, gather_tiles<Word>, dst, src, p);
   return cudaLaunchKernelEx(&config, gather<Word>, dst, src, p);
 }
 
@@ -38,10 +72,15 @@ cudaError_t launch(const cudaLaunchConfig_t& config, char* dst, const char* src,
 cudaError_t launch_gather_kernel(void* dst, const void* src, const gather_params& p,
                                  cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
-  const gather_launch g = gather_geometry(p.count);
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(g.blocks));
-  config.blockDim = dim3(static_cast<unsigned>(g.threads));
+  if (p.tile_dim >= 0) {
+    config.gridDim = dim3(static_cast<unsigned>(gather_tile_blocks(p.tiles)));
+    config.blockDim = dim3(gather_tile, gather_tile_rows);
+  } else {
+    const gather_launch g = gather_geometry(p.count);
+    config.gridDim = dim3(static_cast<unsigned>(g.blocks));
+    config.blockDim = dim3(static_cast<unsigned>(g.threads));
+  }
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   auto* d = static_cast<char*>(dst);
