@@ -219,8 +219,9 @@ TEST_CASE("terminal and partial cancellation stop an import; total is not honour
   asio::cancellation_signal signal;
   std::promise<absl::StatusOr<tensor>> got;
   async_import_dlpack(*rt, source, onto(second_cpu),
-                      asio::bind_cancellation_slot(
-                          signal.slot(), [&](absl::StatusOr<tensor> t) { got.set_value(t); }));
+                      asio::bind_cancellation_slot(signal.slot(), [&](absl::StatusOr<tensor> t) {
+                        got.set_value(std::move(t));
+                      }));
   CHECK(source.empty());  // consumed when it started
   CHECK(rt->copy_budget().waiting() == 1);
   signal.emit(type);
@@ -528,8 +529,9 @@ TEST_CASE("every error says whether the tensor was consumed, which rule, and why
     asio::cancellation_signal signal;
     std::promise<absl::StatusOr<tensor>> got;
     async_import_dlpack(*rt, source, onto(second_cpu),
-                        asio::bind_cancellation_slot(
-                            signal.slot(), [&](absl::StatusOr<tensor> t) { got.set_value(t); }));
+                        asio::bind_cancellation_slot(signal.slot(), [&](absl::StatusOr<tensor> t) {
+                          got.set_value(std::move(t));
+                        }));
     signal.emit(asio::cancellation_type::terminal);
     const absl::Status st = got.get_future().get().status();
     CHECK(st.code() == absl::StatusCode::kCancelled);
