@@ -26,22 +26,10 @@ namespace {
 using testing::deleter_count;
 using testing::make_runtime;
 using testing::make_tensor;
+using testing::matrix_source;
 using testing::require_status;
+using testing::second_cpu;
 using testing::tensor_spec;
-
-const device second_cpu{device_kind::cpu, 1};
-
-// A float32 matrix of `rows` x `cols` on cpu:0.
-struct matrix_source {
-  std::vector<float> data;
-  tensor_spec spec;
-  matrix_source(std::int64_t rows, std::int64_t cols) : data(rows * cols) {
-    std::iota(data.begin(), data.end(), 0.0f);
-    spec.shape = {rows, cols};
-    spec.data = data.data();
-  }
-  std::uint64_t bytes() const { return data.size() * sizeof(float); }
-};
 
 import_options onto(device d) {
   import_options o;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,6 +20,9 @@
 #include "dlasync/transfer/producer.hpp"
 
 namespace dlasync::testing {
+
+// The second host device of the tests' runtimes (make_runtime has two).
+inline constexpr device second_cpu{device_kind::cpu, 1};
 
 struct deleter_count {
   std::atomic<int> calls{0};
@@ -39,6 +43,20 @@ struct tensor_spec {
   bool versioned = true;
   bool null_shape = false;
   std::optional<std::int32_t> ndim;  // overrides shape.size()
+};
+
+// A float32 matrix of `rows` x `cols` on cpu:0 with values 0, 1, 2, ...,
+// and the spec that describes it.
+struct matrix_source {
+  std::vector<float> data;
+  tensor_spec spec;
+  matrix_source(std::int64_t rows, std::int64_t cols)
+      : data(static_cast<std::size_t>(rows * cols)) {
+    std::iota(data.begin(), data.end(), 0.0f);
+    spec.shape = {rows, cols};
+    spec.data = data.data();
+  }
+  std::uint64_t bytes() const { return data.size() * sizeof(float); }
 };
 
 // A versioned or legacy managed tensor as `spec` says, whose deleter counts

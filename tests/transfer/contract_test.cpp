@@ -39,9 +39,8 @@ using testing::deleter_count;
 using testing::make_runtime;
 using testing::make_tensor;
 using testing::require_status;
+using testing::second_cpu;
 using testing::tensor_spec;
-
-constexpr device second_cpu{device_kind::cpu, 1};
 constexpr std::uint64_t kib = 1024;
 
 import_options onto(device d) {

@@ -29,21 +29,10 @@ namespace {
 using testing::deleter_count;
 using testing::make_runtime;
 using testing::make_tensor;
+using testing::matrix_source;
 using testing::require_status;
+using testing::second_cpu;
 using testing::tensor_spec;
-
-const device second_cpu{device_kind::cpu, 1};
-
-// A float32 matrix of `rows` x `cols` with values 0, 1, 2, ...
-struct matrix_source {
-  std::vector<float> data;
-  tensor_spec spec;
-  matrix_source(std::int64_t rows, std::int64_t cols) : data(rows * cols) {
-    for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(i);
-    spec.shape = {rows, cols};
-    spec.data = data.data();
-  }
-};
 
 import_options to_second_cpu() {
   import_options o;
