@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "dlasync/transfer/dlpack.hpp"
 
@@ -41,8 +42,16 @@ class managed_tensor {
   // Takes ownership of whichever pointer `t` holds.
   explicit managed_tensor(released_tensor t) noexcept;
 
-  managed_tensor(managed_tensor&& other) noexcept;
-  managed_tensor& operator=(managed_tensor&& other) noexcept;
+  managed_tensor(managed_tensor&& other) noexcept
+      : ptr_(std::exchange(other.ptr_, nullptr)), versioned_(other.versioned_) {}
+  managed_tensor& operator=(managed_tensor&& other) noexcept {
+    if (this != &other) {
+      reset();
+      ptr_ = std::exchange(other.ptr_, nullptr);
+      versioned_ = other.versioned_;
+    }
+    return *this;
+  }
   managed_tensor(const managed_tensor&) = delete;
   managed_tensor& operator=(const managed_tensor&) = delete;
   ~managed_tensor() { reset(); }
@@ -52,18 +61,28 @@ class managed_tensor {
   bool is_versioned() const noexcept { return versioned_; }
 
   // The producer's version; legacy tensors report 0.0.
-  DLPackVersion version() const noexcept;
+  DLPackVersion version() const noexcept {
+    if (ptr_ == nullptr || !versioned_) return DLPackVersion{0, 0};
+    return versioned()->version;
+  }
 
   // False for a versioned tensor whose major version is above
   // `dlpack_major_version`: nothing but its version may then be read.
-  bool version_supported() const noexcept;
+  bool version_supported() const noexcept {
+    return ptr_ != nullptr && (!versioned_ || versioned()->version.major <= dlpack_major_version);
+  }
 
   // The versioned flags; 0 for legacy tensors and unsupported versions.
-  std::uint64_t flags() const noexcept;
+  std::uint64_t flags() const noexcept {
+    return versioned_ && version_supported() ? versioned()->flags : 0;
+  }
 
   // The tensor description, or nullptr when empty or the version is not
   // supported.
-  const DLTensor* dl_tensor() const noexcept;
+  const DLTensor* dl_tensor() const noexcept {
+    if (!version_supported()) return nullptr;
+    return versioned_ ? &versioned()->dl_tensor : &legacy()->dl_tensor;
+  }
 
   DLManagedTensor* legacy() const noexcept {
     return versioned_ ? nullptr : static_cast<DLManagedTensor*>(ptr_);
@@ -77,9 +96,14 @@ class managed_tensor {
   released_tensor release() noexcept;
 
   // Calls the deleter (when there is one) and empties the handle.
-  void reset() noexcept;
+  void reset() noexcept {
+    if (ptr_ != nullptr) call_deleter();
+  }
 
  private:
+  // Empties the handle and calls the deleter, when there is one.
+  void call_deleter() noexcept;
+
   void* ptr_ = nullptr;
   bool versioned_ = false;
 };
