@@ -11,19 +11,27 @@ void runtime_counters::read(runtime_stats& stats) const noexcept {
   // Each read acquires what the counts read after it must include: the
   // buckets before the outcomes they follow, the outcomes before the begins
   // they follow. So count <= views + copies + failed <= begun.
+  // The imports that completed inside their call count in every sum alike
+  // (begun, an outcome, the first bucket): read once, they keep the order.
+  const std::uint64_t instant_views = instant_[0].value.load(std::memory_order_acquire);
+  const std::uint64_t instant_failures = instant_[1].value.load(std::memory_order_acquire);
   stats.latency.count = 0;
   for (std::size_t k = 0; k < buckets_.size(); ++k) {
     stats.latency.buckets[k] = buckets_[k].value.load(std::memory_order_acquire);
+    if (k == 0) stats.latency.buckets[k] += instant_views + instant_failures;
     stats.latency.count += stats.latency.buckets[k];
   }
-  stats.views = outcomes_[static_cast<std::size_t>(import_outcome::view)].value.load(
-      std::memory_order_acquire);
+  stats.views =
+      instant_views + outcomes_[static_cast<std::size_t>(import_outcome::view)].value.load(
+                          std::memory_order_acquire);
   stats.copies = outcomes_[static_cast<std::size_t>(import_outcome::copy)].value.load(
       std::memory_order_acquire);
-  stats.failed = outcomes_[static_cast<std::size_t>(import_outcome::failed)].value.load(
-      std::memory_order_acquire);
-  stats.imports_in_flight =
-      began_.value.load(std::memory_order_relaxed) - (stats.views + stats.copies + stats.failed);
+  stats.failed =
+      instant_failures + outcomes_[static_cast<std::size_t>(import_outcome::failed)].value.load(
+                             std::memory_order_acquire);
+  stats.imports_in_flight = instant_views + instant_failures +
+                            began_.value.load(std::memory_order_relaxed) -
+                            (stats.views + stats.copies + stats.failed);
   auto bytes = [this](byte_path p) {
     return bytes_[static_cast<std::size_t>(p)].value.load(std::memory_order_relaxed);
   };

@@ -120,6 +120,8 @@ TEST_CASE("views and copies are counted exactly, whichever form imports them", "
   CHECK(s.imports_waiting_for_budget == 0);
   CHECK(s.latency.count == 11);
   CHECK(bucket_sum(s.latency) == 11);
+  // The six views completed inside their calls: the first bucket has them.
+  CHECK(s.latency.buckets[0] >= 6);
 }
 
 TEST_CASE("refusals and failures count as failed, never as views or copies", "[runtime][stats]") {
@@ -170,6 +172,8 @@ TEST_CASE("refusals and failures count as failed, never as views or copies", "[r
   CHECK(all_bytes(s.bytes) == std::vector<std::uint64_t>(6, 0));
   CHECK(s.imports_in_flight == 0);
   CHECK(s.latency.count == 4);
+  // Refused inside the call: counted once, in the first bucket, unclocked.
+  CHECK(s.latency.buckets[0] == 4);
 }
 
 TEST_CASE("an import waiting for the budget is in flight and waiting until it gets it",

@@ -42,6 +42,7 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
   std::uint64_t total = 0;
   for (managed_tensor& source : sources) {
     members_.push_back(prepare_import(rt_, source, options));
+    core_.counters().import_began();
     const import_start& m = members_.back();
     if (!needs_budget(m)) continue;
     total = m.plan.byte_size > std::numeric_limits<std::uint64_t>::max() - total

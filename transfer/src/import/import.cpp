@@ -19,7 +19,6 @@ namespace detail {
 import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options) {
   runtime_core& core = core_of(rt);
   import_start start;
-  core.counters().import_began();
   if (!core.accepting()) {
     start.ready = refused(shutting_down(), "shutdown");
     return start;
@@ -92,10 +91,11 @@ void take_source(runtime& rt, import_start& start, managed_tensor& source) {
 import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
   import_start start = prepare_import(rt, source, options);
   take_source(rt, start, source);
-  // A refusal or a view is handed on at once.
+  // A refusal or a view is handed on at once: it began and completed here.
   if (start.ready) {
-    count_completed(core_of(rt), start.began, static_cast<transfer_path>(start.path), 0,
-                    *start.ready);
+    count_instant(core_of(rt), *start.ready);
+  } else {
+    core_of(rt).counters().import_began();
   }
   return start;
 }
@@ -151,7 +151,7 @@ absl::StatusOr<tensor> import_view(runtime& rt, managed_tensor& source,
   detail::import_start start = detail::prepare_import(rt, source, options);
   absl::StatusOr<tensor> result =
       start.ready ? *std::move(start.ready) : detail::view_at_once(source, start);
-  detail::count_completed(detail::core_of(rt), start.began, detail::transfer_path::view, 0, result);
+  detail::count_instant(detail::core_of(rt), result);
   return result;
 }
 

@@ -88,12 +88,18 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
                              memory_budget::grant_fn granted);
 
-// Counts, for runtime::stats, an import begun at `began` (prepare_import)
-// that completes now with `result`: a failure, a view, or a copy of
+// Counts, for runtime::stats, an import begun at `began` (import_began
+// counted it) that completes now with `result`: a failure, a view, or a copy of
 // `bytes` on `path`. Called once per import, just before its result is
 // handed on.
 void count_completed(runtime_core& core, runtime_counters::clock::time_point began,
                      transfer_path path, std::uint64_t bytes, const import_result& result) noexcept;
+
+// Counts, for runtime::stats, an import that began and completed inside
+// one call without copying or waiting: a view or a refusal.
+inline void count_instant(runtime_core& core, const import_result& result) noexcept {
+  core.counters().import_instant(result.ok() ? import_outcome::view : import_outcome::failed);
+}
 
 // The Unavailable of an import that began after shutdown started; the
 // tensor is not consumed.

@@ -35,8 +35,10 @@
 //
 // Cost: the counters are atomics on cache lines of their own, bumped
 // relaxed (the completion counts with release, which is what orders the
-// reads above; on x86 the same instruction). An import adds three to five
-// atomic increments, and takes no lock and allocates nothing for them. An
+// reads above; on x86 the same instruction). An import that completes inside
+// the call without copying (a view, a refusal) adds one atomic increment; one
+// that copies or waits adds three to five. None takes a lock or allocates
+// for them. An
 // import that copies or waits also reads the clock twice; one that
 // completes inside the call without copying (a view, a refusal) does not,
 // as the two reads would cost about as much as the view itself. stats()
