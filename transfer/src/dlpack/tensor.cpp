@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/transfer/import_error.hpp"
+#include "transfer/src/dlpack/block_cache.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -66,7 +67,8 @@ tensor tensor_factory::make_view(managed_tensor source, const import_plan& plan)
   // Default-initialized: every member has its initializer, and value
   // initialization would first zero the whole state (a `rep stos` that cost
   // about a tenth of a fast-path import).
-  auto state = std::make_shared_for_overwrite<view_state>();
+  // Its block comes from this thread's cache (block_cache.hpp).
+  auto state = std::allocate_shared_for_overwrite<view_state>(cached_allocator<view_state>());
   const DLTensor& dl = *source.dl_tensor();
   state->device = plan.target;
   state->type = plan.type;
