@@ -8,6 +8,9 @@
 #include <emmintrin.h>
 #include <xmmintrin.h>
 #endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace dlasync {
 namespace {
@@ -56,6 +59,66 @@ inline void stream_run(char* to, const char* from, std::size_t n) {
   }
 #endif
   std::memcpy(to, from, n);
+}
+
+// `count` runs of `n` bytes, `from_step` bytes apart in the source (any
+// sign, 0 for a broadcast), one after another in the destination.
+void copy_runs_memcpy(char* to, const char* from, std::size_t n, std::int64_t count,
+                      std::int64_t from_step) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::memcpy(to, from, n);
+    to += n;
+    from += from_step;
+  }
+}
+
+#if defined(__x86_64__)
+// The same in 32-byte registers, inline: a call to memcpy per 1 KiB row cost
+// about a fifth of the copy at 1 MiB (0.77 of one memcpy of the same bytes,
+// against 0.92 this way, in a standalone loop; docs/performance.md). The
+// last piece of a run is its last 32 bytes, overlapping what came before.
+// Runs of at least 32 bytes.
+[[gnu::target("avx2")]] void copy_runs_avx2(char* to, const char* from, std::size_t n,
+                                            std::int64_t count, std::int64_t from_step) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    std::size_t k = 0;
+    for (; k + 128 <= n; k += 128) {
+      const auto* f = reinterpret_cast<const __m256i*>(from + k);
+      auto* t = reinterpret_cast<__m256i*>(to + k);
+      const __m256i a = _mm256_loadu_si256(f);
+      const __m256i b = _mm256_loadu_si256(f + 1);
+      const __m256i c = _mm256_loadu_si256(f + 2);
+      const __m256i e = _mm256_loadu_si256(f + 3);
+      _mm256_storeu_si256(t, a);
+      _mm256_storeu_si256(t + 1, b);
+      _mm256_storeu_si256(t + 2, c);
+      _mm256_storeu_si256(t + 3, e);
+    }
+    for (; k + 32 <= n; k += 32) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + k),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + k)));
+    }
+    if (k < n) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + n - 32),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + n - 32)));
+    }
+    to += n;
+    from += from_step;
+  }
+}
+
+const bool has_avx2 = [] {
+  __builtin_cpu_init();  // static initialization may run before libgcc's
+  return __builtin_cpu_supports("avx2") != 0;
+}();
+#endif
+
+void copy_runs(char* to, const char* from, std::size_t n, std::int64_t count,
+               std::int64_t from_step) {
+#if defined(__x86_64__)
+  if (n >= 32 && has_avx2) return copy_runs_avx2(to, from, n, count, from_step);
+#endif
+  copy_runs_memcpy(to, from, n, count, from_step);
 }
 
 // Square blocks of B x B elements of N bytes transposed in registers: from
@@ -361,6 +424,41 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
 
   const int last = ndim_ - 1;
   const std::int64_t extent = shape_[split_dim_];
+  if (kernel_ == kernel::runs && blocks_ == 1 && !stream_) {
+    // Whole runs, a unit each: the runs along the innermost outer dimension
+    // go in one call (copy_runs), the odometer then steps past them.
+    const auto n = static_cast<std::size_t>(extent) * es;
+    for (std::int64_t u = begin; u < end;) {
+      std::int64_t count = 1;
+      std::int64_t step = 0;
+      if (outer > 0) {
+        const int dim = outer_dims_[outer - 1];
+        count = std::min(end - u, shape_[dim] - index[outer - 1]);
+        step = src_stride_[dim];
+      }
+      copy_runs(dst + dst_off, src + src_off, n, count, step);
+      u += count;
+      if (outer == 0) break;
+      // The innermost index moves `count` on; carry as the unit loop does.
+      const int inner = outer_dims_[outer - 1];
+      src_off += count * src_stride_[inner];
+      dst_off += count * dst_stride_[inner];
+      index[outer - 1] += count;
+      for (int j = outer - 1; j >= 0; --j) {
+        const int dim = outer_dims_[j];
+        if (j < outer - 1) {
+          src_off += src_stride_[dim];
+          dst_off += dst_stride_[dim];
+          ++index[j];
+        }
+        if (index[j] < shape_[dim]) break;
+        src_off -= index[j] * src_stride_[dim];
+        dst_off -= index[j] * dst_stride_[dim];
+        index[j] = 0;
+      }
+    }
+    return;
+  }
   for (std::int64_t u = begin; u < end; ++u) {
     const std::int64_t lo = block * block_;
     const std::int64_t hi = std::min(lo + block_, extent);
