@@ -151,6 +151,21 @@ TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runt
   }
 }
 
+TEST_CASE("tiles past 32 MiB visit a page of each source row", "[runtime][copy]") {
+  // 2 KiB of each source row per unit below 32 MiB, 4 KiB from there on:
+  // twice the rows per unit, for every element size, with ragged edges
+  // (neither side a multiple of a unit or a line) and a 3-D plane batch.
+  CHECK(strided_copy({4, {2048, 2048}, {1, 2048}}).units() == 4);   // 16 MiB: 512 rows
+  CHECK(strided_copy({4, {2900, 2900}, {1, 2900}}).units() == 3);   // 1024 rows
+  CHECK(strided_copy({16, {1450, 1450}, {1, 1450}}).units() == 6);  // 256 rows
+  check_layout({1, {5800, 5801}, {1, 5800}});
+  check_layout({2, {4100, 4103}, {1, 4100}});
+  check_layout({4, {2900, 2903}, {1, 2900}});
+  check_layout({8, {2050, 2053}, {1, 2050}});
+  check_layout({16, {1450, 1453}, {1, 1450}});
+  check_layout({4, {3, 1500, 2003}, {1500 * 2003, 1, 1500}});
+}
+
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {
   CHECK(strided_copy({4, {5, 6}, {1, 0}}).which() == strided_copy::kernel::gather);
   check_layout({4, {5, 6}, {1, 0}});
