@@ -396,25 +396,54 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
         copy_one(d + i * static_cast<std::int64_t>(es), s + i * ss);
       }
     } else if constexpr (N != 0) {
-      // One (tile, last) plane for each index of the middle dimensions.
-      const int middle = static_cast<int>(middle_dims_.size());
-      std::int64_t mid[max_ndim] = {};
-      std::int64_t mid_src = 0;
-      std::int64_t mid_dst = 0;
-      while (true) {
-        transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], lo,
-                          hi, shape_[last], stream_);
-        int j = middle - 1;
-        for (; j >= 0; --j) {
-          const int dim = middle_dims_[j];
-          mid_src += src_stride_[dim];
-          mid_dst += dst_stride_[dim];
-          if (++mid[j] < shape_[dim]) break;
-          mid_src -= mid[j] * src_stride_[dim];
-          mid_dst -= mid[j] * dst_stride_[dim];
-          mid[j] = 0;
+      // Rows [r0, r1): one (tile, last) plane for each index of the middle
+      // dimensions.
+      auto rows = [&](std::int64_t r0, std::int64_t r1) {
+        const int middle = static_cast<int>(middle_dims_.size());
+        std::int64_t mid[max_ndim] = {};
+        std::int64_t mid_src = 0;
+        std::int64_t mid_dst = 0;
+        while (true) {
+          transpose_rows<N>(s + mid_src, src_stride_[last], d + mid_dst, dst_stride_[tile_dim_], r0,
+                            r1, shape_[last], stream_);
+          int j = middle - 1;
+          for (; j >= 0; --j) {
+            const int dim = middle_dims_[j];
+            mid_src += src_stride_[dim];
+            mid_dst += dst_stride_[dim];
+            if (++mid[j] < shape_[dim]) break;
+            mid_src -= mid[j] * src_stride_[dim];
+            mid_dst -= mid[j] * dst_stride_[dim];
+            mid[j] = 0;
+          }
+          if (j < 0) break;
         }
-        if (j < 0) break;
+      };
+      // Units of a page of each source row, several of them in this range:
+      // walked together, in pieces of block_ rows that start where the
+      // source's pages do (the first source row's; every row's where the
+      // row stride is a multiple of a page), so that no visit splits a page
+      // between two visits far apart. A source a line past a page start (as
+      // large aligned allocations are): 2-D 256 MiB 0.66 -> 0.70 of memcpy,
+      // 1 GiB 0.58 -> 0.62; 3-D 512 MiB 0.62 -> 0.65. A range of one unit
+      // (the workers' cancellable steps) is walked as it is.
+      const std::int64_t take = std::min(end - u, blocks_ - block);
+      const auto at = reinterpret_cast<std::uintptr_t>(s + lo * static_cast<std::int64_t>(N));
+      if (take > 1 && block_ * static_cast<std::int64_t>(N) == tile_page_run_bytes &&
+          at % line_bytes == 0) {
+        const std::int64_t all_hi = std::min((block + take) * block_, extent);
+        const auto to_page = static_cast<std::int64_t>(
+            (tile_page_run_bytes - at % tile_page_run_bytes) % tile_page_run_bytes / N);
+        std::int64_t r = lo;
+        if (to_page > 0) {
+          rows(r, r + to_page);
+          r += to_page;
+        }
+        for (; r < all_hi; r += block_) rows(r, std::min(r + block_, all_hi));
+        u += take - 1;
+        block += take - 1;
+      } else {
+        rows(lo, hi);
       }
     }
     if (++block == blocks_) {
