@@ -151,6 +151,57 @@ TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runt
   }
 }
 
+TEST_CASE("tiles past 32 MiB visit a page of each source row", "[runtime][copy]") {
+  // 2 KiB of each source row per unit below 32 MiB, 4 KiB from there on:
+  // twice the rows per unit, for every element size, with ragged edges
+  // (neither side a multiple of a unit or a line) and a 3-D plane batch.
+  CHECK(strided_copy({4, {2048, 2048}, {1, 2048}}).units() == 4);   // 16 MiB: 512 rows
+  CHECK(strided_copy({4, {2900, 2900}, {1, 2900}}).units() == 3);   // 1024 rows
+  CHECK(strided_copy({16, {1450, 1450}, {1, 1450}}).units() == 6);  // 256 rows
+  check_layout({1, {5800, 5801}, {1, 5800}});
+  check_layout({2, {4100, 4103}, {1, 4100}});
+  check_layout({4, {2900, 2903}, {1, 2900}});
+  check_layout({8, {2050, 2053}, {1, 2050}});
+  check_layout({16, {1450, 1453}, {1, 1450}});
+  check_layout({4, {3, 1500, 2003}, {1500 * 2003, 1, 1500}});
+}
+
+TEST_CASE("tiles walk several units in pieces that start at source pages", "[runtime][copy]") {
+  // Ranges of several units of a page each are walked in pieces aligned to
+  // the source's pages where its rows start on a line: at a page start, a
+  // line and half a page past one, and 4 bytes past a line (not aligned).
+  for (const strided_layout& l : {strided_layout{4, {2900, 2903}, {1, 2900}},
+                                  strided_layout{4, {3, 1536, 2048}, {1536 * 2048, 1, 1536}},
+                                  strided_layout{8, {2050, 2053}, {1, 2050}}}) {
+    const source_buffer reach = make_source(l);
+    const std::vector<std::uint8_t> want = reference(reach.first, l);
+    const strided_copy copy(l);
+    REQUIRE(copy.units() > 2);
+    std::vector<std::uint8_t> space(reach.bytes.size() + 3 * 4096);
+    const auto base = reinterpret_cast<std::uintptr_t>(space.data());
+    const std::size_t page = (4096 - base % 4096) % 4096;
+    for (const std::size_t phase :
+         {std::size_t{0}, std::size_t{64}, std::size_t{2048}, std::size_t{68}}) {
+      std::uint8_t* src = space.data() + page + phase;
+      std::memcpy(src, reach.bytes.data(), reach.bytes.size());
+      std::vector<std::uint8_t> got(want.size() + 1, 0xEE);
+      copy.run(src, got.data(), 0, copy.units());
+      CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+      CHECK(got.back() == 0xEE);
+      // Ranges of two units, each into its own chunk.
+      for (std::int64_t begin = 0; begin < copy.units(); begin += 2) {
+        const std::int64_t end = std::min(copy.units(), begin + 2);
+        const std::uint64_t from = copy.dst_offset(begin);
+        const std::uint64_t to = copy.dst_offset(end);
+        std::vector<std::uint8_t> chunk(to - from + 1, 0xEE);
+        copy.run(src, chunk.data(), begin, end, from);
+        CHECK(std::memcmp(chunk.data(), want.data() + from, to - from) == 0);
+        CHECK(chunk.back() == 0xEE);
+      }
+    }
+  }
+}
+
 TEST_CASE("broadcast, reversed and sparse strides are gathered", "[runtime][copy]") {
   CHECK(strided_copy({4, {5, 6}, {1, 0}}).which() == strided_copy::kernel::gather);
   check_layout({4, {5, 6}, {1, 0}});
