@@ -129,10 +129,12 @@ TEST_CASE("large ragged copies match the reference", "[runtime][copy]") {
   check_layout({1, {2100, 4108}, {5000, 1}});
 }
 
-TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runtime][copy]") {
-  // 4 MiB of float32 transposed: past the size where tiles write with
-  // streaming stores. A destination aligned to a line, to 16 bytes only,
-  // and to 4 bytes (which streams nothing) get the same bytes.
+namespace {
+
+// 4 MiB of float32 transposed: past the size where tiles write with
+// streaming stores. A destination aligned to a line, to 16 bytes only, and
+// to 4 bytes (which streams nothing) get the same bytes.
+void check_streaming_tiles() {
   const strided_layout l{4, {1024, 1024}, {1, 1024}};
   const source_buffer src = make_source(l);
   const std::vector<std::uint8_t> want = reference(src.first, l);
@@ -149,6 +151,35 @@ TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runt
     CHECK(dst[want.size()] == 0xEE);
     CHECK((offset == 0 || dst[-1] == 0xEE));
   }
+}
+
+// Turns the AVX2 kernels off for a scope.
+struct portable_kernels {
+  portable_kernels() { strided_copy::allow_avx2(false); }
+  ~portable_kernels() { strided_copy::allow_avx2(true); }
+  portable_kernels(const portable_kernels&) = delete;
+  portable_kernels& operator=(const portable_kernels&) = delete;
+};
+
+}  // namespace
+
+TEST_CASE("large tiles stream whole lines, at any destination alignment", "[runtime][copy]") {
+  check_streaming_tiles();
+}
+
+TEST_CASE("the portable kernels, without AVX2, match the reference too", "[runtime][copy]") {
+  // Where the CPU has AVX2, runs of 32 bytes and more and tiles of 4-byte
+  // elements use it; the same layouts through the SSE2 and memcpy kernels.
+  const portable_kernels portable;
+  check_layout({4, {100, 70}, {1, 100}});
+  check_layout({4, {37, 26}, {1, 37}});
+  check_layout({4, {1500, 1500}, {1, 1500}});
+  check_layout({4, {40, 3, 5, 24}, {1, 40 * 24 * 5, 40 * 24, 40}});
+  for (const std::int64_t n : {31, 32, 33, 100, 1024}) {
+    check_layout({1, {13, n}, {n + 5, 1}});
+    check_layout({1, {6, n}, {0, 1}});
+  }
+  check_streaming_tiles();
 }
 
 TEST_CASE("tiles past 32 MiB visit a page of each source row", "[runtime][copy]") {

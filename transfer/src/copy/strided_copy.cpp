@@ -1,6 +1,7 @@
 #include "transfer/src/copy/strided_copy.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,16 +120,28 @@ void copy_runs_memcpy(char* to, const char* from, std::size_t n, std::int64_t co
   }
 }
 
-const bool has_avx2 = [] {
+const bool cpu_has_avx2 = [] {
   __builtin_cpu_init();  // static initialization may run before libgcc's
   return __builtin_cpu_supports("avx2") != 0;
 }();
 #endif
 
+// Whether the AVX2 kernels run (strided_copy::use_avx2; tests turn them off
+// to check the portable ones on the same machine).
+std::atomic<bool> avx2_allowed{true};
+
+bool use_avx2() noexcept {
+#if defined(__x86_64__)
+  return cpu_has_avx2 && avx2_allowed.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
 void copy_runs(char* to, const char* from, std::size_t n, std::int64_t count,
                std::int64_t from_step) {
 #if defined(__x86_64__)
-  if (n >= 32 && has_avx2) return copy_runs_avx2(to, from, n, count, from_step);
+  if (n >= 32 && use_avx2()) return copy_runs_avx2(to, from, n, count, from_step);
 #endif
   copy_runs_memcpy(to, from, n, count, from_step);
 }
@@ -232,6 +245,77 @@ void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
   }
 }
 
+#if defined(__x86_64__)
+// 8 x 8 elements of 4 bytes transposed in 32-byte registers: rows `ss`
+// bytes apart in `s` to rows `ds` bytes apart in `d`.
+[[gnu::target("avx2"), gnu::always_inline]] inline void transpose_8x8_avx2(const char* s,
+                                                                           std::int64_t ss, char* d,
+                                                                           std::int64_t ds) {
+  __m256 r[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(s + i * ss));
+  __m256 t[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  __m256 u[8];
+  for (int i = 0; i < 2; ++i) {
+    // Rows 4i..4i+3: pairs from t[4i], t[4i + 2] and t[4i + 1], t[4i + 3].
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(reinterpret_cast<float*>(d + i * ds),
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+    _mm256_storeu_ps(reinterpret_cast<float*>(d + (i + 4) * ds),
+                     _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+  }
+}
+
+// The whole-line part of transpose_rows for 4-byte elements, rows [r0,
+// r_end) and columns [0, c_end) in multiples of 16, with 8 x 8 register
+// transposes. Without streaming stores each block goes straight to the
+// destination (no pass through a buffer); with them, tiles of 16 x 16 go
+// through a buffer in L1 as in transpose_rows, so that every line is
+// written whole at once.
+[[gnu::target("avx2")]] void transpose_lines_4_avx2(const char* s, std::int64_t s_col, char* d,
+                                                    std::int64_t d_row, std::int64_t r0,
+                                                    std::int64_t r_end, std::int64_t c_end,
+                                                    bool stream) {
+  constexpr std::int64_t l = 16;
+  alignas(64) char buffer[l * line_bytes];
+  for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
+    for (std::int64_t r = r0; r < r_end; r += l) {
+      if (!stream) {
+        for (std::int64_t rr = 0; rr < l; rr += 8) {
+          for (std::int64_t cc = 0; cc < l; cc += 8) {
+            transpose_8x8_avx2(s + (r + rr) * 4 + (c0 + cc) * s_col, s_col,
+                               d + (r + rr) * d_row + (c0 + cc) * 4, d_row);
+          }
+        }
+        continue;
+      }
+      for (std::int64_t rr = 0; rr < l; rr += 8) {
+        for (std::int64_t cc = 0; cc < l; cc += 8) {
+          transpose_8x8_avx2(s + (r + rr) * 4 + (c0 + cc) * s_col, s_col,
+                             buffer + rr * line_bytes + cc * 4, line_bytes);
+        }
+      }
+      for (std::int64_t rr = 0; rr < l; ++rr) {
+        auto* to = reinterpret_cast<__m128i*>(d + (r + rr) * d_row + c0 * 4);
+        const auto* from = reinterpret_cast<const __m128i*>(buffer + rr * line_bytes);
+        _mm_stream_si128(to, _mm_load_si128(from));
+        _mm_stream_si128(to + 1, _mm_load_si128(from + 1));
+        _mm_stream_si128(to + 2, _mm_load_si128(from + 2));
+        _mm_stream_si128(to + 3, _mm_load_si128(from + 3));
+      }
+    }
+  }
+}
+#endif
+
 // transpose_rect over all columns, by whole cache lines where it can: a
 // square of one line's worth of elements (16 floats) is read line by line
 // from the source, transposed through a buffer in L1, and written line by
@@ -249,6 +333,16 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
     constexpr std::int64_t l = line_bytes / n;  // elements per line
     const std::int64_t r_end = r0 + (r1 - r0) / l * l;
     const std::int64_t c_end = cols / l * l;
+#if defined(__x86_64__)
+    if constexpr (N == 4) {
+      if (use_avx2()) {
+        transpose_lines_4_avx2(s, s_col, d, d_row, r0, r_end, c_end, stream);
+        if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
+        if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
+        return;
+      }
+    }
+#endif
     alignas(64) char buffer[l * line_bytes];
     for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
       for (std::int64_t r = r0; r < r_end; r += l) {
@@ -285,6 +379,10 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
 }
 
 }  // namespace
+
+void strided_copy::allow_avx2(bool allowed) noexcept {
+  avx2_allowed.store(allowed, std::memory_order_relaxed);
+}
 
 strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_bytes)
     : element_size_(layout.element_size) {

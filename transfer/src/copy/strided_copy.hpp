@@ -61,6 +61,10 @@ class strided_copy {
 
   kernel which() const noexcept { return kernel_; }
 
+  // Whether runs and 4-byte tiles may use AVX2 where the CPU has it (the
+  // default); the tests turn it off to check the portable kernels too.
+  static void allow_avx2(bool allowed) noexcept;
+
   // Units write contiguous destination ranges in order: unit u writes
   // [dst_offset(u), dst_offset(u + 1)), and dst_offset(units()) == bytes().
   // So a range of units can be gathered into a chunk of its own (staging).
