@@ -252,21 +252,23 @@ void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
                                                                            std::int64_t ss, char* d,
                                                                            std::int64_t ds) {
   __m256 r[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(s + i * ss));
+  for (std::ptrdiff_t i = 0; i < 8; ++i) {
+    r[i] = _mm256_loadu_ps(reinterpret_cast<const float*>(s + i * ss));
+  }
   __m256 t[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  for (std::ptrdiff_t i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
   }
   __m256 u[8];
-  for (int i = 0; i < 2; ++i) {
-    // Rows 4i..4i+3: pairs from t[4i], t[4i + 2] and t[4i + 1], t[4i + 3].
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  for (std::ptrdiff_t i = 0; i < 8; i += 4) {
+    // Rows i..i+3: pairs from t[i], t[i + 2] and t[i + 1], t[i + 3].
+    u[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
   }
-  for (int i = 0; i < 4; ++i) {
+  for (std::ptrdiff_t i = 0; i < 4; ++i) {
     _mm256_storeu_ps(reinterpret_cast<float*>(d + i * ds),
                      _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
     _mm256_storeu_ps(reinterpret_cast<float*>(d + (i + 4) * ds),
