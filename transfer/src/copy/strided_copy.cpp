@@ -49,24 +49,36 @@ inline void copy_element(char* dst, const char* src) {
   std::memcpy(dst, src, N);
 }
 
+#if defined(__SSE2__)
+// 64 bytes to a 16-byte aligned `to` with streaming stores.
+inline void stream_line(char* to, const char* from) {
+  const auto* f = reinterpret_cast<const __m128i*>(from);
+  auto* t = reinterpret_cast<__m128i*>(to);
+  const __m128i a = _mm_loadu_si128(f);
+  const __m128i b = _mm_loadu_si128(f + 1);
+  const __m128i c = _mm_loadu_si128(f + 2);
+  const __m128i e = _mm_loadu_si128(f + 3);
+  _mm_stream_si128(t, a);
+  _mm_stream_si128(t + 1, b);
+  _mm_stream_si128(t + 2, c);
+  _mm_stream_si128(t + 3, e);
+}
+
+// A tile's `lines` buffered lines (line_bytes apart in `buffer`) to
+// destination rows `d_row` bytes apart, each written whole with streaming
+// stores.
+inline void stream_lines(char* d, std::int64_t d_row, const char* buffer, std::int64_t lines) {
+  for (std::int64_t i = 0; i < lines; ++i) stream_line(d + i * d_row, buffer + i * line_bytes);
+}
+#endif
+
 // Copies `n` bytes with streaming stores where the destination allows
 // (16-byte aligned; the tail and unaligned runs by memcpy).
 inline void stream_run(char* to, const char* from, std::size_t n) {
 #if defined(__SSE2__)
   if ((reinterpret_cast<std::uintptr_t>(to) & 15) == 0) {
     std::size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-      const auto* f = reinterpret_cast<const __m128i*>(from + i);
-      auto* t = reinterpret_cast<__m128i*>(to + i);
-      const __m128i a = _mm_loadu_si128(f);
-      const __m128i b = _mm_loadu_si128(f + 1);
-      const __m128i c = _mm_loadu_si128(f + 2);
-      const __m128i e = _mm_loadu_si128(f + 3);
-      _mm_stream_si128(t, a);
-      _mm_stream_si128(t + 1, b);
-      _mm_stream_si128(t + 2, c);
-      _mm_stream_si128(t + 3, e);
-    }
+    for (; i + 64 <= n; i += 64) stream_line(to + i, from + i);
     if (i < n) std::memcpy(to + i, from + i, n - i);
     return;
   }
@@ -305,14 +317,7 @@ void transpose_rect(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
                              buffer + rr * line_bytes + cc * 4, line_bytes);
         }
       }
-      for (std::int64_t rr = 0; rr < l; ++rr) {
-        auto* to = reinterpret_cast<__m128i*>(d + (r + rr) * d_row + c0 * 4);
-        const auto* from = reinterpret_cast<const __m128i*>(buffer + rr * line_bytes);
-        _mm_stream_si128(to, _mm_load_si128(from));
-        _mm_stream_si128(to + 1, _mm_load_si128(from + 1));
-        _mm_stream_si128(to + 2, _mm_load_si128(from + 2));
-        _mm_stream_si128(to + 3, _mm_load_si128(from + 3));
-      }
+      stream_lines(d + r * d_row + c0 * 4, d_row, buffer, l);
     }
   }
 }
@@ -356,14 +361,7 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
         }
         if (stream) {
 #if defined(__SSE2__)
-          for (std::int64_t rr = 0; rr < l; ++rr) {
-            auto* to = reinterpret_cast<__m128i*>(d + (r + rr) * d_row + c0 * n);
-            const auto* from = reinterpret_cast<const __m128i*>(buffer + rr * line_bytes);
-            _mm_stream_si128(to, _mm_load_si128(from));
-            _mm_stream_si128(to + 1, _mm_load_si128(from + 1));
-            _mm_stream_si128(to + 2, _mm_load_si128(from + 2));
-            _mm_stream_si128(to + 3, _mm_load_si128(from + 3));
-          }
+          stream_lines(d + r * d_row + c0 * n, d_row, buffer, l);
 #endif
         } else {
           for (std::int64_t rr = 0; rr < l; ++rr) {
@@ -537,6 +535,22 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
     dst_off += index[j] * dst_stride_[dim];
   }
 
+  // Moves the outer odometer `count` on in its innermost dimension (at most
+  // to that dimension's end), carrying into the dimensions outside it.
+  auto step_outer = [&](std::int64_t count) {
+    for (int j = outer - 1; j >= 0; --j) {
+      const int dim = outer_dims_[j];
+      src_off += count * src_stride_[dim];
+      dst_off += count * dst_stride_[dim];
+      index[j] += count;
+      if (index[j] < shape_[dim]) break;
+      src_off -= index[j] * src_stride_[dim];
+      dst_off -= index[j] * dst_stride_[dim];
+      index[j] = 0;
+      count = 1;
+    }
+  };
+
   const int last = ndim_ - 1;
   const std::int64_t extent = shape_[split_dim_];
   if (kernel_ == kernel::runs && blocks_ == 1 && !stream_) {
@@ -553,24 +567,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
       }
       copy_runs(dst + dst_off, src + src_off, n, count, step);
       u += count;
-      if (outer == 0) break;
-      // The innermost index moves `count` on; carry as the unit loop does.
-      const int inner = outer_dims_[outer - 1];
-      src_off += count * src_stride_[inner];
-      dst_off += count * dst_stride_[inner];
-      index[outer - 1] += count;
-      for (int j = outer - 1; j >= 0; --j) {
-        const int dim = outer_dims_[j];
-        if (j < outer - 1) {
-          src_off += src_stride_[dim];
-          dst_off += dst_stride_[dim];
-          ++index[j];
-        }
-        if (index[j] < shape_[dim]) break;
-        src_off -= index[j] * src_stride_[dim];
-        dst_off -= index[j] * dst_stride_[dim];
-        index[j] = 0;
-      }
+      step_outer(count);
     }
     return;
   }
@@ -646,15 +643,7 @@ void strided_copy::run_sized(const char* src, char* dst, std::int64_t begin, std
     }
     if (++block == blocks_) {
       block = 0;
-      for (int j = outer - 1; j >= 0; --j) {
-        const int dim = outer_dims_[j];
-        src_off += src_stride_[dim];
-        dst_off += dst_stride_[dim];
-        if (++index[j] < shape_[dim]) break;
-        src_off -= index[j] * src_stride_[dim];
-        dst_off -= index[j] * dst_stride_[dim];
-        index[j] = 0;
-      }
+      step_outer(1);
     }
   }
 #if defined(__SSE2__)
