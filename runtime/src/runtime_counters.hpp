@@ -1,8 +1,8 @@
 // The runtime's import counters (internal): what runtime::stats() reads.
 // The transfer layer counts each import twice, when it begins and when it
-// completes (once, when it completes inside the call), and the bytes of each completed copy on its path; the staging
-// chunks and the budget's waiters are counted by the chunk pool and the
-// budget themselves.
+// completes (once, when it completes inside its call), and the bytes of
+// each completed copy on its path; the staging chunks and the budget's
+// waiters are counted by the chunk pool and the budget themselves.
 //
 // Every thread that starts or completes imports bumps these, so each
 // counter has a cache line of its own: without that, the workers' and the
@@ -56,9 +56,10 @@ class runtime_counters {
 
   // An import that began and completed inside one call without copying or
   // waiting (a view, a refusal): one increment, where import_began and
-  // import_completed take three (a locked instruction each on x86, about a
-  // tenth of a zero-copy co_await import). It counts as begun, as completed
-  // with `outcome` (view or failed), and in the first latency bucket.
+  // import_completed take three (a locked instruction each on x86; the
+  // three were about a sixth of a zero-copy co_await import). It counts as
+  // begun, as completed with `outcome` (view or failed), and in the first
+  // latency bucket.
   void import_instant(import_outcome outcome) noexcept {
     instant_[outcome == import_outcome::view ? 0 : 1].value.fetch_add(1, std::memory_order_release);
   }

@@ -21,17 +21,17 @@ void runtime_counters::read(runtime_stats& stats) const noexcept {
     if (k == 0) stats.latency.buckets[k] += instant_views + instant_failures;
     stats.latency.count += stats.latency.buckets[k];
   }
-  stats.views =
-      instant_views + outcomes_[static_cast<std::size_t>(import_outcome::view)].value.load(
-                          std::memory_order_acquire);
+  const std::uint64_t views = outcomes_[static_cast<std::size_t>(import_outcome::view)].value.load(
+      std::memory_order_acquire);
   stats.copies = outcomes_[static_cast<std::size_t>(import_outcome::copy)].value.load(
       std::memory_order_acquire);
-  stats.failed =
-      instant_failures + outcomes_[static_cast<std::size_t>(import_outcome::failed)].value.load(
-                             std::memory_order_acquire);
-  stats.imports_in_flight = instant_views + instant_failures +
-                            began_.value.load(std::memory_order_relaxed) -
-                            (stats.views + stats.copies + stats.failed);
+  const std::uint64_t failed =
+      outcomes_[static_cast<std::size_t>(import_outcome::failed)].value.load(
+          std::memory_order_acquire);
+  stats.imports_in_flight =
+      began_.value.load(std::memory_order_relaxed) - (views + stats.copies + failed);
+  stats.views = instant_views + views;
+  stats.failed = instant_failures + failed;
   auto bytes = [this](byte_path p) {
     return bytes_[static_cast<std::size_t>(p)].value.load(std::memory_order_relaxed);
   };

@@ -38,11 +38,9 @@
 // reads above; on x86 the same instruction). An import that completes inside
 // the call without copying (a view, a refusal) adds one atomic increment; one
 // that copies or waits adds three to five. None takes a lock or allocates
-// for them. An
-// import that copies or waits also reads the clock twice; one that
-// completes inside the call without copying (a view, a refusal) does not,
-// as the two reads would cost about as much as the view itself. stats()
-// takes no lock.
+// for them. An import that copies or waits also reads the clock twice; one
+// that completes inside the call does not, as the two reads would cost
+// about as much as the view itself. stats() takes no lock.
 #pragma once
 
 #include <array>
