@@ -207,12 +207,14 @@ void memcpy_base(const float* src, char* dst, std::int64_t bytes) {
 void kernel_copy(benchmark::State& state, const std::string& kind) {
   const layout l = make_layout(kind, state.range(0));
   const std::int64_t bytes = copy_bytes(l);
-  const float* src = dlasync::bench::ones(static_cast<std::size_t>(l.buffer));
+  // memcpy reads `bytes` from the buffer's start: a broadcast or reversed
+  // layout spans less than that, so the buffer holds at least `bytes`.
+  const float* src = dlasync::bench::ones(static_cast<std::size_t>(std::max(l.buffer, bytes / 4)));
   dlasync::strided_copy copy(
       {4, {l.shape.begin(), l.shape.end()}, {l.strides.begin(), l.strides.end()}});
   char* dst = dlasync::bench::scratch(copy.bytes());
   dlasync::bench::run_pair(
-      state, dlasync::bench::batch_for(bytes), [&] { memcpy_base(src + l.first, dst, bytes); },
+      state, dlasync::bench::batch_for(bytes), [&] { memcpy_base(src, dst, bytes); },
       [&] { copy.run(src + l.first, dst, 0, copy.units()); }, static_cast<double>(bytes));
 }
 #endif

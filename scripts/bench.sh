@@ -99,6 +99,9 @@ fi
 # The ratio tables, as the programs print them.
 {
   echo "dlasync benchmarks on $machine, $(date -u +%Y-%m-%d)"
+  # The CPU: the kernels choose instruction sets and stores from it.
+  echo "CPU: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)," \
+    "$(grep -c '^processor' /proc/cpuinfo) hardware threads"
   for name in host torch gpu; do
     [ -f "$work/$name.log" ] || continue
     echo
