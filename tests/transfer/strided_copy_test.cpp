@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "transfer/src/copy/copy_kernels.hpp"
 
 namespace dlasync {
 namespace {
@@ -131,10 +132,21 @@ TEST_CASE("large ragged copies match the reference", "[runtime][copy]") {
 
 namespace {
 
+// Lets large copies write with streaming stores on every CPU for a scope
+// (by default AMD's get none; copy_kernels.hpp says why).
+struct streaming_everywhere {
+  streaming_everywhere() { strided_copy::allow_streaming(true); }
+  ~streaming_everywhere() { strided_copy::allow_streaming(false); }
+  streaming_everywhere(const streaming_everywhere&) = delete;
+  streaming_everywhere& operator=(const streaming_everywhere&) = delete;
+};
+
 // 4 MiB of float32 transposed: past the size where tiles write with
 // streaming stores. A destination aligned to a line, to 16 bytes only, and
-// to 4 bytes (which streams nothing) get the same bytes.
+// to 4 bytes (which streams nothing) get the same bytes. Then a 4 MiB
+// broadcast, whose runs stream too.
 void check_streaming_tiles() {
+  const streaming_everywhere streaming;
   const strided_layout l{4, {1024, 1024}, {1, 1024}};
   const source_buffer src = make_source(l);
   const std::vector<std::uint8_t> want = reference(src.first, l);
@@ -151,15 +163,39 @@ void check_streaming_tiles() {
     CHECK(dst[want.size()] == 0xEE);
     CHECK((offset == 0 || dst[-1] == 0xEE));
   }
+  check_layout({4, {4096, 256}, {0, 1}});
+  check_layout({4, {4100, 259}, {0, 1}});
 }
 
-// Turns the AVX2 kernels off for a scope.
+// Turns the AVX-512 tiles off for a scope: 4-byte tiles take the AVX2
+// kernel where the CPU has it.
+struct no_avx512_tiles {
+  no_avx512_tiles() { strided_copy::allow_avx512(false); }
+  ~no_avx512_tiles() { strided_copy::allow_avx512(true); }
+  no_avx512_tiles(const no_avx512_tiles&) = delete;
+  no_avx512_tiles& operator=(const no_avx512_tiles&) = delete;
+};
+
+// Turns the AVX2 and AVX-512 kernels off for a scope.
 struct portable_kernels {
   portable_kernels() { strided_copy::allow_avx2(false); }
   ~portable_kernels() { strided_copy::allow_avx2(true); }
   portable_kernels(const portable_kernels&) = delete;
   portable_kernels& operator=(const portable_kernels&) = delete;
+  no_avx512_tiles tiles;
 };
+
+// Tile layouts of 4-byte elements with ragged edges, short and long rows,
+// in and past the caches, and a 3-D plane batch.
+void check_float_tiles() {
+  check_layout({4, {100, 70}, {1, 100}});                            // 400-byte rows
+  check_layout({4, {37, 26}, {1, 37}});                              // edges only
+  check_layout({4, {128, 128}, {1, 128}});                           // 512-byte rows
+  check_layout({4, {129, 200}, {1, 129}});                           // just past 512
+  check_layout({4, {1500, 1500}, {1, 1500}});                        // 9 MB
+  check_layout({4, {40, 3, 5, 24}, {1, 40 * 24 * 5, 40 * 24, 40}});  // middle dimensions
+  check_layout({4, {3, 1000, 1003}, {1000 * 1003, 1, 1000}});        // 12 MB of planes
+}
 
 }  // namespace
 
@@ -171,10 +207,7 @@ TEST_CASE("the portable kernels, without AVX2, match the reference too", "[runti
   // Where the CPU has AVX2, runs of 32 bytes and more and tiles of 4-byte
   // elements use it; the same layouts through the SSE2 and memcpy kernels.
   const portable_kernels portable;
-  check_layout({4, {100, 70}, {1, 100}});
-  check_layout({4, {37, 26}, {1, 37}});
-  check_layout({4, {1500, 1500}, {1, 1500}});
-  check_layout({4, {40, 3, 5, 24}, {1, 40 * 24 * 5, 40 * 24, 40}});
+  check_float_tiles();
   for (const std::int64_t n : {31, 32, 33, 100, 1024}) {
     check_layout({1, {13, n}, {n + 5, 1}});
     check_layout({1, {6, n}, {0, 1}});
@@ -182,10 +215,34 @@ TEST_CASE("the portable kernels, without AVX2, match the reference too", "[runti
   check_streaming_tiles();
 }
 
+TEST_CASE("the AVX2 tiles, with AVX-512 off, match the reference too", "[runtime][copy]") {
+  const no_avx512_tiles avx2;
+  check_float_tiles();
+  check_streaming_tiles();
+}
+
+TEST_CASE("AVX-512 tiles: registers for short rows, loops for long ones, prefetches past 4 MiB",
+          "[runtime][copy]") {
+  if (!copy_kernels::avx512_tiles()) {
+    WARN("this CPU gets no AVX-512 tiles (none, or Intel's); the other kernels ran instead");
+  }
+  check_float_tiles();
+  check_streaming_tiles();
+  // Visits of 2 KiB up to 32 MiB and 1 KiB past it, not whole pages (the
+  // AVX2 tiles'): 2048 rows of 8 KiB (16 MiB) are cut into 4 units of 512
+  // rows; 2900 rows of 11,600 bytes (34 MB) into 12 of 256, not 3 of 1024.
+  CHECK(strided_copy({4, {2048, 2048}, {1, 2048}}).units() == 4);
+  const std::int64_t units = strided_copy({4, {2900, 2900}, {1, 2900}}).units();
+  CHECK(units == (copy_kernels::avx512_tiles() ? 12 : 3));
+  check_layout({4, {2900, 2903}, {1, 2900}});
+}
+
 TEST_CASE("tiles past 32 MiB visit a page of each source row", "[runtime][copy]") {
   // 2 KiB of each source row per unit below 32 MiB, 4 KiB from there on:
   // twice the rows per unit, for every element size, with ragged edges
   // (neither side a multiple of a unit or a line) and a 3-D plane batch.
+  // (The AVX-512 tiles of 4-byte elements keep 2 KiB; see above.)
+  const no_avx512_tiles avx2;
   CHECK(strided_copy({4, {2048, 2048}, {1, 2048}}).units() == 4);   // 16 MiB: 512 rows
   CHECK(strided_copy({4, {2900, 2900}, {1, 2900}}).units() == 3);   // 1024 rows
   CHECK(strided_copy({16, {1450, 1450}, {1, 1450}}).units() == 6);  // 256 rows
@@ -201,6 +258,7 @@ TEST_CASE("tiles walk several units in pieces that start at source pages", "[run
   // Ranges of several units of a page each are walked in pieces aligned to
   // the source's pages where its rows start on a line: at a page start, a
   // line and half a page past one, and 4 bytes past a line (not aligned).
+  const no_avx512_tiles avx2;
   for (const strided_layout& l : {strided_layout{4, {2900, 2903}, {1, 2900}},
                                   strided_layout{4, {3, 1536, 2048}, {1536 * 2048, 1, 1536}},
                                   strided_layout{8, {2050, 2053}, {1, 2050}}}) {

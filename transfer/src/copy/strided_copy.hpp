@@ -61,9 +61,15 @@ class strided_copy {
 
   kernel which() const noexcept { return kernel_; }
 
-  // Whether runs and 4-byte tiles may use AVX2 where the CPU has it (the
-  // default); the tests turn it off to check the portable kernels too.
+  // Whether runs and 4-byte tiles may use AVX2, and 4-byte tiles AVX-512,
+  // where the CPU has them (the default; copy_kernels.hpp says which CPUs
+  // get the AVX-512 tiles); the tests turn them off to check the other
+  // kernels too. Copies constructed afterwards follow the setting.
   static void allow_avx2(bool allowed) noexcept;
+  static void allow_avx512(bool allowed) noexcept;
+  // Whether large copies may write with streaming stores on every CPU (the
+  // tests); false (the default) leaves it to the CPU (copy_kernels.hpp).
+  static void allow_streaming(bool everywhere) noexcept;
 
   // Units write contiguous destination ranges in order: unit u writes
   // [dst_offset(u), dst_offset(u + 1)), and dst_offset(units()) == bytes().
@@ -94,8 +100,10 @@ class strided_copy {
   // tile: the dimensions between the tile dimension and the last, iterated
   // inside each unit so that a unit's destination stays contiguous.
   absl::InlinedVector<int, 8> middle_dims_;
-  bool stream_ = false;     // write with streaming stores (tiles, broadcast runs)
-  std::int64_t block_ = 1;  // elements of split_dim_ per unit
+  bool stream_ = false;         // write with streaming stores (tiles, broadcast runs)
+  bool prefetch_ = false;       // tiles: software prefetches (the AVX-512 tiles past the caches)
+  bool runs_in_cache_ = false;  // runs: inline register copies, not memcpy calls
+  std::int64_t block_ = 1;      // elements of split_dim_ per unit
   std::int64_t blocks_ = 0;
   std::int64_t outer_count_ = 0;
   absl::InlinedVector<int, 8> outer_dims_;  // the dimensions before split_dim_
