@@ -160,11 +160,14 @@ absl::Status check_strides(const DLTensor& dl, dtype type, std::uint64_t byte_si
     return absl::OkStatus();
   }
 
+  // Both ends, and the width between them (which every consumer of the plan
+  // computes as span_end - span_begin), fit in 64 signed bits.
   const std::int64_t element = type.bits / 8;
   std::int64_t begin = 0;
   std::int64_t end = 0;
+  std::int64_t width = 0;
   if (__builtin_mul_overflow(low, element, &begin) || __builtin_add_overflow(high, 1, &end) ||
-      __builtin_mul_overflow(end, element, &end)) {
+      __builtin_mul_overflow(end, element, &end) || __builtin_sub_overflow(end, begin, &width)) {
     return absl::OutOfRangeError(absl::StrCat("the memory span of the strides, ", low, " to ", high,
                                               " elements of ", element,
                                               " bytes, overflows 64 bits"));
