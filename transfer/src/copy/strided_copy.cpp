@@ -116,14 +116,14 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // source row it visits, so a visit to a far-away row (often another
     // page) brings several lines.
     split_dim_ = tile_dim_;
-    // The AVX-512 tiles keep half-page visits at every size, and prefetch
-    // instead past the caches: page visits measured slower with them on a
-    // Zen 5 core (side 8192: 0.35 of memcpy against 0.59 with prefetches,
-    // standalone), and prefetches in the caches cost (side 512: 0.43 ->
-    // 0.33) where past them they paid (side 2048: 0.37 -> 0.42).
-    // From 32 MiB they visit a quarter page: fewer destination rows per
-    // unit, whose lines share cache sets at power-of-two strides (side
-    // 16384: 0.32 -> 0.43 of memcpy, 8192: 0.50 -> 0.53, standalone).
+    // The AVX-512 tiles never visit whole pages, and prefetch past the
+    // caches instead: page visits measured slower with them on a Zen 5 core
+    // (side 8192: 0.35 of memcpy against 0.59 with prefetches, standalone),
+    // and prefetches in the caches cost (side 512: 0.43 -> 0.33) where past
+    // them they paid (side 2048: 0.37 -> 0.42). From 32 MiB they visit a
+    // quarter page, not half: fewer destination rows per unit, whose lines
+    // share cache sets at power-of-two strides (side 16384: 0.32 -> 0.43 of
+    // memcpy, 8192: 0.50 -> 0.53, standalone).
     const bool wide_tiles = element_size_ == 4 && copy_kernels::avx512_tiles();
     const bool far = bytes_ >= tile_page_run_min_bytes;
     prefetch_ = bytes_ > in_cache_max_bytes && wide_tiles;

@@ -313,6 +313,9 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
     constexpr std::int64_t l = line_bytes / n;  // elements per line
     const std::int64_t r_end = r0 + (r1 - r0) / l * l;
     const std::int64_t c_end = cols / l * l;
+    // The whole lines, in registers where the CPU allows (4-byte elements),
+    // else through the buffer below; then the edges, the same for all.
+    bool lines_done = false;
 #if defined(__x86_64__)
     if constexpr (N == 4) {
       if (avx512_tiles()) {
@@ -321,34 +324,31 @@ void transpose_rows(const char* s, std::int64_t s_col, char* d, std::int64_t d_r
         } else {
           transpose_lines_4_avx512<true>(s, s_col, d, d_row, r0, r_end, c_end, options.prefetch);
         }
-        if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
-        if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
-        return;
-      }
-      if (avx2()) {
+        lines_done = true;
+      } else if (avx2()) {
         transpose_lines_4_avx2(s, s_col, d, d_row, r0, r_end, c_end, stream);
-        if (c_end < cols) transpose_rect<N>(s, s_col, d, d_row, r0, r_end, c_end, cols);
-        if (r_end < r1) transpose_rect<N>(s, s_col, d, d_row, r_end, r1, 0, cols);
-        return;
+        lines_done = true;
       }
     }
 #endif
-    alignas(64) char buffer[l * line_bytes];
-    for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
-      for (std::int64_t r = r0; r < r_end; r += l) {
-        for (std::int64_t cc = 0; cc < l; cc += b) {
-          for (std::int64_t rr = 0; rr < l; rr += b) {
-            micro_transpose<N>::run(s + (r + rr) * n + (c0 + cc) * s_col, s_col,
-                                    buffer + rr * line_bytes + cc * n, line_bytes);
+    if (!lines_done) {
+      alignas(64) char buffer[l * line_bytes];
+      for (std::int64_t c0 = 0; c0 < c_end; c0 += l) {
+        for (std::int64_t r = r0; r < r_end; r += l) {
+          for (std::int64_t cc = 0; cc < l; cc += b) {
+            for (std::int64_t rr = 0; rr < l; rr += b) {
+              micro_transpose<N>::run(s + (r + rr) * n + (c0 + cc) * s_col, s_col,
+                                      buffer + rr * line_bytes + cc * n, line_bytes);
+            }
           }
-        }
-        if (stream) {
+          if (stream) {
 #if defined(__SSE2__)
-          stream_lines(d + r * d_row + c0 * n, d_row, buffer, l);
+            stream_lines(d + r * d_row + c0 * n, d_row, buffer, l);
 #endif
-        } else {
-          for (std::int64_t rr = 0; rr < l; ++rr) {
-            std::memcpy(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes);
+          } else {
+            for (std::int64_t rr = 0; rr < l; ++rr) {
+              std::memcpy(d + (r + rr) * d_row + c0 * n, buffer + rr * line_bytes, line_bytes);
+            }
           }
         }
       }
