@@ -120,25 +120,15 @@ absl::StatusOr<response> ucx_client::call(int c, std::span<const std::byte> fram
   link& l = *state_->links.at(static_cast<std::size_t>(c));
   if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
   l.answer.reset();
-  // The frame is copied: UCX reads it until the send completes, which may
-  // be after a timeout here.
-  auto* copy = new std::vector<std::byte>(frame.begin(), frame.end());
-  const std::size_t head = std::min(copy->size(), header_part);
-  ucp_request_param_t p{};
-  p.op_attr_mask =
-      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY;
-  p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete static_cast<std::vector<std::byte>*>(user_data);
-    ucp_request_free(request);
-  };
-  p.user_data = copy;
-  ucs_status_ptr_t s = ucp_am_send_nbx(l.ep, ucx_request_am, copy->data(), head,
-                                       copy->data() + head, copy->size() - head, &p);
-  if (s == nullptr || UCS_PTR_IS_ERR(s)) delete copy;
-  if (UCS_PTR_IS_ERR(s)) {
-    return absl::UnavailableError(
-        absl::StrCat("UCX send failed: ", ucs_status_string(UCS_PTR_STATUS(s))));
+  // The worker keeps a copy of the frame while UCX reads it, which may be
+  // after a timeout here.
+  ucx_worker::am_message m;
+  m.id = ucx_request_am;
+  m.bytes.assign(frame.begin(), frame.end());
+  m.header_bytes = std::min(frame.size(), header_part);
+  m.reply = true;
+  if (ucs_status_t st = state_->ucx->send_am(l.ep, std::move(m)); UCS_STATUS_IS_ERR(st)) {
+    return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
   }
   state_->ucx->progress();
   const bool done = state_->answered.wait_for(
@@ -164,19 +154,7 @@ void ucx_client::stop() {
   std::lock_guard lock(state_->ucx->mutex());
   if (state_->stopped) return;
   state_->stopped = true;
-  std::vector<void*> closing;
-  for (auto& l : state_->links) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(l->ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
-  }
-  for (void* r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS)
-      ucp_worker_progress(state_->ucx->worker());
-    ucp_request_free(r);
-  }
+  for (auto& l : state_->links) state_->ucx->close_endpoint(l->ep);
   state_->answered.notify_all();
   state_->ucx->finalize();
 }

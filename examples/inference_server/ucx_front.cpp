@@ -54,7 +54,6 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
   unsigned short port = 0;
   bool stopped = false;
   std::unordered_map<ucp_ep_h, std::shared_ptr<connection>> connections;
-  std::vector<void*> closing;
   std::atomic<std::uint64_t> accepted{0};
   std::atomic<std::uint64_t> received{0};
   // Handlers running; stop() waits for them.
@@ -67,33 +66,17 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
   static ucs_status_t on_request(void* arg, const void* header, std::size_t header_length,
                                  void* data, std::size_t length, const ucp_am_recv_param_t* param);
 
-  void close_locked(ucp_ep_h ep) {
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
-    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing.push_back(r);
-  }
-
   // Sends `r` to the connection, when it is still there. Requires the lock.
   void reply_locked(connection& c, const response& r) {
     count(r.code);
     if (stopped || !c.alive) return;
-    std::vector<std::byte> frame = encode_response(r);
-    auto* copy = new std::vector<std::byte>(std::move(frame));
-    ucp_request_param_t p{};
+    ucx_worker::am_message m;
+    m.id = ucx_response_am;
+    m.bytes = encode_response(r);
+    m.header_bytes = m.bytes.size();
     // REPLY: the client learns which of its connections the answer is for.
-    p.op_attr_mask =
-        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = UCP_AM_SEND_FLAG_REPLY;
-    p.cb.send = [](void* request, ucs_status_t, void* user_data) {
-      delete static_cast<std::vector<std::byte>*>(user_data);
-      ucp_request_free(request);
-    };
-    p.user_data = copy;
-    ucs_status_ptr_t s =
-        ucp_am_send_nbx(c.ep, ucx_response_am, copy->data(), copy->size(), nullptr, 0, &p);
-    if (s == nullptr || UCS_PTR_IS_ERR(s)) delete copy;
+    m.reply = true;
+    (void)ucx->send_am(c.ep, std::move(m));
     ucx->progress();
   }
 
@@ -133,7 +116,7 @@ void ucx_front::state::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t) {
     std::shared_ptr<state> s = weak.lock();
     if (s == nullptr) return;
     std::lock_guard lock(s->ucx->mutex());
-    if (!s->stopped) s->close_locked(ep);
+    if (!s->stopped) s->ucx->close_endpoint(ep);
   });
 }
 
@@ -353,18 +336,9 @@ void ucx_front::stop() {
   if (state_->listener != nullptr) ucp_listener_destroy(state_->listener);
   for (auto& [ep, c] : state_->connections) {
     c->alive = false;
-    state_->close_locked(ep);
+    state_->ucx->close_endpoint(ep);
   }
   state_->connections.clear();
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (!state_->closing.empty() && std::chrono::steady_clock::now() < until) {
-    ucp_worker_progress(state_->ucx->worker());
-    std::erase_if(state_->closing, [](void* r) {
-      if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-      ucp_request_free(r);
-      return true;
-    });
-  }
   state_->ucx->finalize();
 }
 

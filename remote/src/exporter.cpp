@@ -164,33 +164,23 @@ void remote_core::on_fetch_request_locked(const remote_detail::fetch_request& m,
       end > pub.region_begin + pub.region_bytes) {
     return refuse(absl::StatusCode::kPermissionDenied);
   }
-  struct in_flight {
-    remote_core* core;
-    std::uint64_t lease;
-    remote_detail::fetch_data header;
-  };
-  auto* sent = new in_flight{this, m.lease_id, {}};
-  sent->header.request_id = m.request_id;
-  sent->header.piece = m.piece;
-  sent->header.length = m.length;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    auto* done = static_cast<in_flight*>(user_data);
-    done->core->on_fetch_sent_locked(done->lease);
-    delete done;
-    ucp_request_free(request);
-  };
-  param.user_data = sent;
-  ++pub.sends_in_flight;
+  remote_detail::fetch_data header;
+  header.request_id = m.request_id;
+  header.piece = m.piece;
+  header.length = m.length;
+  ucx_worker::am_message sent;
+  sent.id = remote_detail::am_fetch_data;
+  const auto* h = reinterpret_cast<const std::byte*>(&header);
+  sent.bytes.assign(h, h + sizeof(header));
+  sent.header_bytes = sizeof(header);
   // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published region
-  const void* bytes = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(m.address));
-  ucs_status_ptr_t r = ucp_am_send_nbx(reply_ep, remote_detail::am_fetch_data, &sent->header,
-                                       sizeof(sent->header), bytes, m.length, &param);
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) {
-    delete sent;
-    on_fetch_sent_locked(m.lease_id);
-  }
+  sent.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(m.address));
+  sent.data_bytes = m.length;
+  ++pub.sends_in_flight;
+  // The publication's memory stays until the send is over (or the worker
+  // ends it at shutdown).
+  (void)ucx_->send_am(reply_ep, std::move(sent),
+                      [this, lease = m.lease_id](ucs_status_t) { on_fetch_sent_locked(lease); });
 }
 
 void remote_core::on_fetch_sent_locked(std::uint64_t lease_id) {

@@ -129,22 +129,13 @@ void remote_core::on_hold_reply_locked(const hold_reply& m) {
 
 void remote_core::send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length,
                               bool reply) {
-  // UCX 1.13 reads the header until the send completes: keep a copy.
-  auto* copy = new char[length];
-  std::memcpy(copy, header, length);
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    delete[] static_cast<char*>(user_data);
-    ucp_request_free(request);
-  };
-  param.user_data = copy;
-  if (reply) {
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_REPLY;
-  }
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep, id, copy, length, nullptr, 0, &param);
-  if (r == nullptr || UCS_PTR_IS_ERR(r)) delete[] copy;
+  ucx_worker::am_message m;
+  m.id = id;
+  const auto* bytes = static_cast<const std::byte*>(header);
+  m.bytes.assign(bytes, bytes + length);
+  m.header_bytes = length;
+  m.reply = reply;
+  (void)ucx_->send_am(ep, std::move(m));
 }
 
 absl::StatusOr<exporter_endpoint*> remote_core::endpoint_locked(const std::string& address) {
@@ -212,12 +203,7 @@ void remote_core::on_endpoint_error(void* arg, ucp_ep_h, ucs_status_t status) {
 
 void remote_core::close_endpoint_locked(exporter_endpoint& e) {
   if (e.ep == nullptr) return;
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t r = ucp_ep_close_nbx(e.ep, &p);
-  e.ep = nullptr;
-  if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+  ucx_->close_endpoint(std::exchange(e.ep, nullptr));
 }
 
 void remote_core::track_locked(const std::shared_ptr<remote_import>& op) {
@@ -256,16 +242,7 @@ void remote_core::shutdown() {
       close_endpoint_locked(*e);
     }
     for (auto& e : failed_endpoints_) close_endpoint_locked(*e);
-    // Force-closed endpoints finish at once; a bounded wait all the same.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!closing_.empty() && std::chrono::steady_clock::now() < until) {
-      ucp_worker_progress(ucx_->worker());
-      std::erase_if(closing_, [](void* r) {
-        if (ucp_request_check_status(r) == UCS_INPROGRESS) return false;
-        ucp_request_free(r);
-        return true;
-      });
-    }
+    ucx_->settle_closes();
     imports_.clear();
     while (!publications_.empty()) retire_locked(publications_.begin());
     endpoints_.clear();

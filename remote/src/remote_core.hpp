@@ -149,7 +149,6 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::unordered_map<std::string, std::unique_ptr<exporter_endpoint>> endpoints_;
   std::vector<std::unique_ptr<exporter_endpoint>> failed_endpoints_;
   std::unordered_map<std::uint64_t, std::shared_ptr<remote_import>> imports_;
-  std::vector<void*> closing_;  // ep close requests not yet complete
 };
 
 }  // namespace dlasync::detail

@@ -2,6 +2,8 @@
 
 #include <poll.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <utility>
 
@@ -92,7 +94,70 @@ ucx_worker::~ucx_worker() {
   finalize();
 }
 
+ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
+  sends_.emplace_front();
+  pending_send& p = sends_.front();
+  p.owner = this;
+  p.self = sends_.begin();
+  p.message = std::move(m);
+  p.done = std::move(done);
+  const am_message& msg = p.message;
+  const std::byte* header = msg.bytes.data();
+  const void* data = msg.data != nullptr ? msg.data : header + msg.header_bytes;
+  const std::size_t data_bytes =
+      msg.data != nullptr ? msg.data_bytes : msg.bytes.size() - msg.header_bytes;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    auto* sent = static_cast<pending_send*>(user_data);
+    ucx_worker* owner = sent->owner;
+    send_done finished = std::move(sent->done);
+    owner->sends_.erase(sent->self);
+    ucp_request_free(request);
+    if (finished) finished(status);
+  };
+  param.user_data = &p;
+  if (msg.reply) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+  }
+  ucs_status_ptr_t r =
+      ucp_am_send_nbx(ep, msg.id, header, msg.header_bytes, data, data_bytes, &param);
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) return UCS_INPROGRESS;
+  // Over inside the call: UCX will not run the callback.
+  const ucs_status_t status = UCS_PTR_STATUS(r);
+  send_done finished = std::move(p.done);
+  sends_.erase(p.self);
+  if (finished) finished(status);
+  return status;
+}
+
+void ucx_worker::close_endpoint(ucp_ep_h ep) {
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.cb.send = [](void* request, ucs_status_t, void* user_data) {
+    auto* self = static_cast<ucx_worker*>(user_data);
+    std::erase(self->closing_, request);
+    ucp_request_free(request);
+  };
+  param.user_data = this;
+  ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+}
+
+void ucx_worker::settle_closes() {
+  if (worker_ == nullptr) return;
+  // Force-closed endpoints finish at once; a bounded wait all the same.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!closing_.empty() && std::chrono::steady_clock::now() < until) {
+    ucp_worker_progress(worker_);
+  }
+}
+
 void ucx_worker::finalize() {
+  settle_closes();
   stopped_ = true;
   if (events_) {
     asio::error_code ignored;
@@ -103,6 +168,9 @@ void ucx_worker::finalize() {
   }
   if (worker_ != nullptr) ucp_worker_destroy(std::exchange(worker_, nullptr));
   if (context_ != nullptr) ucp_cleanup(std::exchange(context_, nullptr));
+  // Requests went with the worker; nothing reads the messages any more.
+  closing_.clear();
+  sends_.clear();
 }
 
 std::string ucx_worker::transports() const {

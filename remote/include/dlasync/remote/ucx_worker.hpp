@@ -25,13 +25,17 @@
 // Thread safety: the members hold or require the mutex as each says.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <ucp/api/ucp.h>
 
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
@@ -65,6 +69,38 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // refuses, naming its status.
   absl::Status set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
 
+  // An active message to send: the worker owns `bytes` until UCX is done
+  // with them (UCX 1.13 reads a send's header and data until it completes).
+  struct am_message {
+    unsigned id = 0;
+    // The header, then the data when `data` is null.
+    std::vector<std::byte> bytes;
+    std::size_t header_bytes = 0;  // at most bytes.size()
+    // Data outside `bytes`, which the caller keeps readable until `done`
+    // runs or finalize() returns; null: the bytes past the header.
+    const void* data = nullptr;
+    std::size_t data_bytes = 0;
+    // UCP_AM_SEND_FLAG_REPLY: the receiver gets an endpoint to answer on.
+    bool reply = false;
+  };
+  using send_done = absl::AnyInvocable<void(ucs_status_t)>;
+  // Sends `m` on `ep`. `done` (may be empty) runs once when the send is
+  // over: inside this call when it completes or fails at once, else from
+  // progress() with UCX's status. A send still pending when finalize()
+  // destroys the worker ends with it: its bytes are freed, and `done` runs
+  // only if UCX completes the send as the worker goes. Requires the mutex. Returns UCS_OK, UCS_INPROGRESS or UCX's
+  // error for the start.
+  ucs_status_t send_am(ucp_ep_h ep, am_message m, send_done done = nullptr);
+  // Sends started here that UCX has not completed. Requires the mutex.
+  std::size_t sends_pending() const noexcept { return sends_.size(); }
+  // Closes `ep` at once (UCP_EP_CLOSE_FLAG_FORCE); its operations end with
+  // errors. The worker frees the close request when it completes. Requires
+  // the mutex.
+  void close_endpoint(ucp_ep_h ep);
+  // Progresses until the closes under way complete, at most 5 seconds (their
+  // operations' callbacks run inside). Requires the mutex.
+  void settle_closes();
+
   // Starts watching the event descriptor. Call once, without the mutex.
   void start();
   // Progresses until idle. Requires the mutex; from inside a UCX callback
@@ -73,7 +109,8 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // Stops watching; requires the mutex.
   void stop();
   // Stops, then destroys the worker and the context, so that peers see the
-  // connection go; requires the mutex. Nothing may call UCX afterwards.
+  // connection go; requires the mutex. Settles the closes under way first.
+  // Nothing may call UCX afterwards.
   void finalize();
   bool finalized() const noexcept { return worker_ == nullptr; }
 
@@ -84,6 +121,13 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // readable (watch).
   void on_readable(bool from_wait, const asio::error_code& ec);
 
+  struct pending_send {
+    ucx_worker* owner = nullptr;
+    std::list<pending_send>::iterator self;
+    am_message message;
+    send_done done;
+  };
+
   std::mutex mutex_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -93,6 +137,8 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   bool progressing_ = false;
   bool waiting_ = false;  // an async_wait is pending
   std::unique_ptr<asio::posix::stream_descriptor> events_;
+  std::list<pending_send> sends_;  // sends UCX has not completed
+  std::vector<void*> closing_;     // endpoint closes not yet complete
 };
 
 }  // namespace dlasync
