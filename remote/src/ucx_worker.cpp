@@ -99,6 +99,7 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
   pending_send& p = sends_.front();
   p.owner = this;
   p.self = sends_.begin();
+  p.ep = ep;
   p.message = std::move(m);
   p.done = std::move(done);
   const am_message& msg = p.message;
@@ -133,6 +134,9 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
 }
 
 void ucx_worker::close_endpoint(ucp_ep_h ep) {
+  for (pending_send& p : sends_) {
+    if (p.ep == ep) p.ep = nullptr;  // closed: finalize() leaves it alone
+  }
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -157,6 +161,18 @@ void ucx_worker::settle_closes() {
 }
 
 void ucx_worker::finalize() {
+  if (worker_ != nullptr) {
+    // An endpoint left open with a send under way (a reply endpoint, which
+    // UCX made) is closed first: UCX 1.13 aborts the process when it
+    // destroys such an endpoint with a rendezvous pending.
+    std::vector<ucp_ep_h> open;
+    for (const pending_send& p : sends_) {
+      if (p.ep != nullptr && std::find(open.begin(), open.end(), p.ep) == open.end()) {
+        open.push_back(p.ep);
+      }
+    }
+    for (ucp_ep_h ep : open) close_endpoint(ep);
+  }
   settle_closes();
   stopped_ = true;
   if (events_) {

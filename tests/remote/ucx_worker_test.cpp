@@ -26,6 +26,7 @@ struct pair {
   ucp_ep_h ep = nullptr;
   int received = 0;
   std::size_t received_bytes = 0;
+  ucp_ep_h reply_ep = nullptr;  // the last message's, when it asked for one
 
   explicit pair(const std::string& transports) {
     auto a = ucx_worker::create(io.get_executor(), transports);
@@ -75,10 +76,11 @@ struct pair {
   }
 
   static ucs_status_t on_message(void* arg, const void*, std::size_t header_length, void*,
-                                 std::size_t length, const ucp_am_recv_param_t*) {
+                                 std::size_t length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<pair*>(arg);
     ++self->received;
     self->received_bytes = header_length + length;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0) self->reply_ep = param->reply_ep;
     return UCS_OK;
   }
 
@@ -159,6 +161,35 @@ TEST_CASE("a rendezvous under way when its endpoint closes and the worker ends i
     CHECK(p.sender->sends_pending() == 0);
     // Under ASan a message the worker lost is reported as a leak.
   }
+  CHECK(done <= 1);
+}
+
+TEST_CASE("a worker ending with a rendezvous under way on a reply endpoint closes it first",
+          "[remote][ucx_worker]") {
+  // UCX 1.13 aborts the process (an assertion in ucp_ep_destroy_base) when
+  // it destroys a peer-checked endpoint with a rendezvous pending; a reply
+  // endpoint is UCX's, so only the worker can close it.
+  const std::string transports = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("transports " << transports);
+  pair p(transports);
+  {
+    std::lock_guard lock(p.sender->mutex());
+    ucx_worker::am_message ask = pair::message(64);
+    ask.reply = true;
+    const ucs_status_t started = p.sender->send_am(p.ep, std::move(ask));
+    REQUIRE_FALSE(UCS_STATUS_IS_ERR(started));
+  }
+  REQUIRE(p.progress_until([&] { return p.received == 1; }));
+  REQUIRE(p.reply_ep != nullptr);
+  std::lock_guard lock(p.receiver->mutex());
+  int done = 0;
+  // The first worker progresses no more, so the answer cannot finish.
+  REQUIRE(p.receiver->send_am(p.reply_ep, pair::message(large), [&](ucs_status_t) { ++done; }) ==
+          UCS_INPROGRESS);
+  p.receiver->progress();
+  CHECK(p.receiver->sends_pending() == 1);
+  p.receiver->finalize();
+  CHECK(p.receiver->sends_pending() == 0);
   CHECK(done <= 1);
 }
 

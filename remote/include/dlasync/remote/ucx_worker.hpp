@@ -94,7 +94,7 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // Sends started here that UCX has not completed. Requires the mutex.
   std::size_t sends_pending() const noexcept { return sends_.size(); }
   // Closes `ep` at once (UCP_EP_CLOSE_FLAG_FORCE); its operations end with
-  // errors. The worker frees the close request when it completes. Requires
+  // errors, though UCX 1.13 leaves a rendezvous already requested pending. The worker frees the close request when it completes. Requires
   // the mutex.
   void close_endpoint(ucp_ep_h ep);
   // Progresses until the closes under way complete, at most 5 seconds (their
@@ -109,8 +109,10 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // Stops watching; requires the mutex.
   void stop();
   // Stops, then destroys the worker and the context, so that peers see the
-  // connection go; requires the mutex. Settles the closes under way first.
-  // Nothing may call UCX afterwards.
+  // connection go; requires the mutex. First closes the endpoints that
+  // still have sends under way and were not closed with close_endpoint
+  // (reply endpoints, which UCX made), then settles the closes. Nothing may
+  // call UCX afterwards.
   void finalize();
   bool finalized() const noexcept { return worker_ == nullptr; }
 
@@ -124,6 +126,7 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   struct pending_send {
     ucx_worker* owner = nullptr;
     std::list<pending_send>::iterator self;
+    ucp_ep_h ep = nullptr;  // null once close_endpoint closed it
     am_message message;
     send_done done;
   };
