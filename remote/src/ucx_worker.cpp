@@ -110,12 +110,9 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
-    auto* sent = static_cast<pending_send*>(user_data);
-    ucx_worker* owner = sent->owner;
-    send_done finished = std::move(sent->done);
-    owner->sends_.erase(sent->self);
     ucp_request_free(request);
-    if (finished) finished(status);
+    auto* sent = static_cast<pending_send*>(user_data);
+    sent->owner->end_send(sent->self, status);
   };
   param.user_data = &p;
   if (msg.reply) {
@@ -127,10 +124,14 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
   if (r != nullptr && !UCS_PTR_IS_ERR(r)) return UCS_INPROGRESS;
   // Over inside the call: UCX will not run the callback.
   const ucs_status_t status = UCS_PTR_STATUS(r);
-  send_done finished = std::move(p.done);
-  sends_.erase(p.self);
-  if (finished) finished(status);
+  end_send(p.self, status);
   return status;
+}
+
+void ucx_worker::end_send(std::list<pending_send>::iterator sent, ucs_status_t status) {
+  send_done finished = std::move(sent->done);
+  sends_.erase(sent);
+  if (finished) finished(status);
 }
 
 void ucx_worker::close_endpoint(ucp_ep_h ep) {
@@ -164,7 +165,8 @@ void ucx_worker::finalize() {
   if (worker_ != nullptr) {
     // An endpoint left open with a send under way (a reply endpoint, which
     // UCX made) is closed first: UCX 1.13 aborts the process when it
-    // destroys such an endpoint with a rendezvous pending.
+    // destroys such an endpoint with a rendezvous pending. Collected first:
+    // a close may end sends, which leave the list.
     std::vector<ucp_ep_h> open;
     for (const pending_send& p : sends_) {
       if (p.ep != nullptr && std::find(open.begin(), open.end(), p.ep) == open.end()) {

@@ -130,6 +130,8 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
     am_message message;
     send_done done;
   };
+  // A send is over: its message is dropped, then its completion runs.
+  void end_send(std::list<pending_send>::iterator sent, ucs_status_t status);
 
   std::mutex mutex_;
   ucp_context_h context_ = nullptr;
