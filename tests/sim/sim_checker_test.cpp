@@ -193,10 +193,18 @@ TEST_CASE("with the checker off only rules are reported", "[cuda][sim][checker]"
   sim_options so;
   so.check_order = false;
   two_streams t(so);
+  // As in the race case above, stream a is held back until b's copy has run:
+  // with the checker off nothing reports the race, but the simulation's host
+  // threads would still race on the bytes (ThreadSanitizer says so).
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  REQUIRE(t.sim.launch_host_func(t.a, [opened] { opened.wait(); }) == error::success);
   REQUIRE(t.sim.memcpy_async(t.x, t.pinned, 1024, memcpy_kind::host_to_device, t.a) ==
           error::success);
   REQUIRE(t.sim.memcpy_async(t.x, t.y, 1024, memcpy_kind::device_to_device, t.b) == error::success);
   CHECK(t.sim.take_reports().empty());
+  wait_on_host(t.sim, record(t.sim, 0, t.b));
+  gate.set_value();
   CHECK(t.sim.memcpy_async(t.x, t.y, 8, memcpy_kind::host_to_host, t.b) == error::invalid_value);
   require_reports(t.sim, 1, {"rule: cudaMemcpyAsync"});
 }
