@@ -1,8 +1,10 @@
 // The GPU scenarios on a real GPU. Without one, the whole program reports
 // itself skipped (exit status 77) with the reason, and CTest shows it as
-// skipped.
-#define CATCH_CONFIG_RUNNER
+// skipped. The check runs as the test run starts, from a listener, so that
+// the program links Catch's prebuilt main like the others.
+#define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include <cstdio>
+#include <cstdlib>
 
 #include "catch2/catch.hpp"
 #include "support/cuda_rule_scenarios.hpp"
@@ -24,6 +26,24 @@ int gpu_count() {
   int n = 0;
   return testing::cuda_of(*real_runtime())->get_device_count(&n) == cuda::error::success ? n : 0;
 }
+
+// Ends the program with exit status 77 (skipped) before any test runs when
+// the real CUDA runtime finds no device.
+class gpu_presence : public Catch::TestEventListenerBase {
+ public:
+  using TestEventListenerBase::TestEventListenerBase;
+
+  void testRunStarting(Catch::TestRunInfo const& /*info*/) override {
+    absl::StatusOr<std::unique_ptr<cuda::api>> api = cuda::make_api("real", {});
+    if (api.ok()) return;
+    std::printf("skipped: the [gpu] tests need a CUDA device: %s\n",
+                std::string(api.status().message()).c_str());
+    std::fflush(stdout);
+    std::exit(77);
+  }
+};
+
+CATCH_REGISTER_LISTENER(gpu_presence)
 
 }  // namespace
 
@@ -67,13 +87,3 @@ TEST_CASE("GPU: producer stream 2 is the importing thread's own", "[gpu]") {
 }
 
 }  // namespace dlasync
-
-int main(int argc, char** argv) {
-  absl::StatusOr<std::unique_ptr<dlasync::cuda::api>> api = dlasync::cuda::make_api("real", {});
-  if (!api.ok()) {
-    std::printf("skipped: the [gpu] tests need a CUDA device: %s\n",
-                std::string(api.status().message()).c_str());
-    return 77;
-  }
-  return Catch::Session().run(argc, argv);
-}
