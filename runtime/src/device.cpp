@@ -4,10 +4,6 @@
 
 namespace dlasync {
 
-bool is_known_device_kind(std::int32_t code) noexcept {
-  return (code >= 1 && code <= 4) || (code >= 7 && code <= 20);
-}
-
 const char* device_kind_name(device_kind kind) noexcept {
   switch (kind) {
     case device_kind::cpu: return "cpu";
@@ -30,15 +26,6 @@ const char* device_kind_name(device_kind kind) noexcept {
     case device_kind::tpu_host: return "tpu_host";
   }
   return "unknown";
-}
-
-bool is_host_memory(device_kind kind) noexcept {
-  return kind == device_kind::cpu || kind == device_kind::cuda_host ||
-         kind == device_kind::rocm_host;
-}
-
-bool is_gpu_memory(device_kind kind) noexcept {
-  return kind == device_kind::cuda || kind == device_kind::cuda_managed;
 }
 
 std::string device::name() const {

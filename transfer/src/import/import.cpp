@@ -23,9 +23,11 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
     start.ready = refused(shutting_down(), "shutdown");
     return start;
   }
-  absl::StatusOr<import_plan> plan = plan_import(source, options, core.registry());
-  if (!plan.ok()) {
-    start.ready = refused(plan.status(), "");
+  // Planned into the start itself: no plan is copied on the fast path.
+  import_plan* plan = &start.plan;
+  if (absl::Status planned = plan_import_into(source, options, core.registry(), *plan);
+      !planned.ok()) {
+    start.ready = refused(std::move(planned), "");
     return start;
   }
   const absl::StatusOr<transfer_path> path = choose_path(core, *plan);
@@ -55,7 +57,6 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
         "budget", &*plan);
     return start;
   }
-  start.plan = *plan;
   start.path = static_cast<std::uint8_t>(*path);
   return start;
 }

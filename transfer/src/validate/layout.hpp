@@ -8,6 +8,7 @@
 #include <limits>
 #include <span>
 
+#include "absl/status/status.h"
 #include "dlasync/runtime/device.hpp"
 #include "dlasync/transfer/dlpack.hpp"
 #include "dlasync/transfer/validate.hpp"
@@ -29,6 +30,12 @@ inline void row_major_strides(std::span<const std::int64_t> shape,
     }
   }
 }
+
+// plan_import's work, written into `plan` instead of returned: an import
+// plans into its own start, without copying a returned plan. On an error,
+// `plan` holds what was planned before the rule that refused.
+absl::Status plan_import_into(const managed_tensor& tensor, const import_options& options,
+                              const device_registry& registry, import_plan& plan);
 
 // The memory a device names: pinned host memory is this process's host
 // memory (cpu:0); managed memory of GPU n is read in place on cuda:n;

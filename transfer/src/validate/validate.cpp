@@ -254,13 +254,15 @@ std::string import_plan::copy_reason_text() const {
   return parts.empty() ? std::string("none") : absl::StrJoin(parts, ", ");
 }
 
-absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const import_options& options,
-                                        const device_registry& registry) {
+namespace detail {
+
+absl::Status plan_import_into(const managed_tensor& tensor, const import_options& options,
+                              const device_registry& registry, import_plan& plan) {
+  plan = import_plan{};
   DLASYNC_RETURN_IF_ERROR(ruled("options", check_options(options)));
   DLASYNC_RETURN_IF_ERROR(ruled("version", check_version(tensor)));
   const DLTensor& dl = *tensor.dl_tensor();
 
-  import_plan plan;
   plan.versioned = tensor.is_versioned();
   plan.flags = tensor.flags() & known_flags;
   plan.ndim = dl.ndim;
@@ -345,6 +347,15 @@ absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const impo
                      " memory; pass a target such as ", host_device.name())),
                  &plan);
   }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+absl::StatusOr<import_plan> plan_import(const managed_tensor& tensor, const import_options& options,
+                                        const device_registry& registry) {
+  import_plan plan;
+  DLASYNC_RETURN_IF_ERROR(detail::plan_import_into(tensor, options, registry, plan));
   return plan;
 }
 

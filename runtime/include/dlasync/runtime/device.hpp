@@ -43,7 +43,10 @@ enum class device_kind : std::int32_t {
 };
 
 // Returns true when `code` is a device-type code that DLPack defines.
-bool is_known_device_kind(std::int32_t code) noexcept;
+// (This and the two kind tests below are inline: every import asks them.)
+constexpr bool is_known_device_kind(std::int32_t code) noexcept {
+  return (code >= 1 && code <= 4) || (code >= 7 && code <= 20);
+}
 
 // The short lowercase name used in messages and device names ("cuda_host").
 // Unknown codes give "unknown".
@@ -51,11 +54,16 @@ const char* device_kind_name(device_kind kind) noexcept;
 
 // Returns true for the kinds whose memory the CPU of this process reads
 // directly: CPU memory and pinned CUDA or ROCm host memory.
-bool is_host_memory(device_kind kind) noexcept;
+constexpr bool is_host_memory(device_kind kind) noexcept {
+  return kind == device_kind::cpu || kind == device_kind::cuda_host ||
+         kind == device_kind::rocm_host;
+}
 
 // Returns true for memory that lives on a CUDA GPU: device memory (`cuda`)
 // and managed memory (`cuda_managed`, read in place on its GPU).
-bool is_gpu_memory(device_kind kind) noexcept;
+constexpr bool is_gpu_memory(device_kind kind) noexcept {
+  return kind == device_kind::cuda || kind == device_kind::cuda_managed;
+}
 
 // `device` is a kind plus an ordinal within it. The ordinal is the
 // `device_id` of DLPack: for CUDA the CUDA ordinal seen by this process, for
