@@ -24,37 +24,37 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
     return start;
   }
   // Planned into the start itself: no plan is copied on the fast path.
-  import_plan* plan = &start.plan;
-  if (absl::Status planned = plan_import_into(source, options, core.registry(), *plan);
+  import_plan& plan = start.plan;
+  if (absl::Status planned = plan_import_into(source, options, core.registry(), plan);
       !planned.ok()) {
     start.ready = refused(std::move(planned), "");
     return start;
   }
-  const absl::StatusOr<transfer_path> path = choose_path(core, *plan);
+  const absl::StatusOr<transfer_path> path = choose_path(core, plan);
   if (!path.ok()) {
-    start.ready = refused(path.status(), "location", &*plan);
+    start.ready = refused(path.status(), "location", &plan);
     return start;
   }
   if (*path == transfer_path::pageable_to_gpu &&
-      !staging_pipeline::upload_fits(source_layout(*source.dl_tensor(), *plan),
+      !staging_pipeline::upload_fits(source_layout(*source.dl_tensor(), plan),
                                      core.cuda()->context().chunks().chunk_bytes())) {
     start.ready = refused(
         absl::UnimplementedError(absl::StrCat(
-            "a single row of this strided ", plan->source.name(),
+            "a single row of this strided ", plan.source.name(),
             " source is larger than a staging chunk of ", core.options().staging_chunk_bytes,
             " bytes; the tensor was not consumed: raise runtime_options::staging_chunk_bytes or "
             "make the source contiguous first")),
-        "staging", &*plan);
+        "staging", &plan);
     return start;
   }
   const std::uint64_t limit = core.budget()->limit();
-  if (plan->needs_copy() && limit != 0 && plan->byte_size > limit) {
+  if (plan.needs_copy() && limit != 0 && plan.byte_size > limit) {
     start.ready = refused(
         absl::ResourceExhaustedError(absl::StrCat(
-            "a copy of ", plan->byte_size, " bytes exceeds the whole copy memory budget of ", limit,
+            "a copy of ", plan.byte_size, " bytes exceeds the whole copy memory budget of ", limit,
             " bytes; the tensor was not consumed: raise runtime_options::copy_memory_budget, or "
             "import a view (copy unset, same device)")),
-        "budget", &*plan);
+        "budget", &plan);
     return start;
   }
   start.path = static_cast<std::uint8_t>(*path);
