@@ -55,6 +55,15 @@ struct two_streams {
     REQUIRE(sim.malloc_device(&y, 4096) == error::success);
     REQUIRE(sim.malloc_host(&pinned, 4096) == error::success);
   }
+  // Holds stream `s` until the returned promise is set: the checker decides
+  // at the call, and a held stream keeps the simulation's host threads from
+  // racing on the bytes themselves (ThreadSanitizer would say so).
+  std::promise<void> hold(stream_t s) {
+    std::promise<void> gate;
+    std::shared_future<void> opened = gate.get_future().share();
+    REQUIRE(sim.launch_host_func(s, [opened] { opened.wait(); }) == error::success);
+    return gate;
+  }
   ~two_streams() {
     wait_on_host(sim, record(sim, 0, a));
     wait_on_host(sim, record(sim, 0, b));
@@ -71,12 +80,8 @@ struct two_streams {
 TEST_CASE("two streams writing the same bytes without an event between them race",
           "[cuda][sim][checker]") {
   two_streams t;
-  // The checker decides at the call. Stream a is held back until b's copy
-  // has run, so that the simulation's host threads do not race on the bytes
-  // themselves (ThreadSanitizer would say so); no event orders the two.
-  std::promise<void> gate;
-  std::shared_future<void> opened = gate.get_future().share();
-  REQUIRE(t.sim.launch_host_func(t.a, [opened] { opened.wait(); }) == error::success);
+  // Stream a is held back until b's copy has run; no event orders the two.
+  std::promise<void> gate = t.hold(t.a);
   REQUIRE(t.sim.memcpy_async(t.x, t.pinned, 1024, memcpy_kind::host_to_device, t.a) ==
           error::success);
   REQUIRE(t.sim.memcpy_async(static_cast<char*>(t.x) + 512, t.y, 1024,
@@ -193,12 +198,9 @@ TEST_CASE("with the checker off only rules are reported", "[cuda][sim][checker]"
   sim_options so;
   so.check_order = false;
   two_streams t(so);
-  // As in the race case above, stream a is held back until b's copy has run:
-  // with the checker off nothing reports the race, but the simulation's host
-  // threads would still race on the bytes (ThreadSanitizer says so).
-  std::promise<void> gate;
-  std::shared_future<void> opened = gate.get_future().share();
-  REQUIRE(t.sim.launch_host_func(t.a, [opened] { opened.wait(); }) == error::success);
+  // Held as in the race case: with the checker off nothing reports the race,
+  // but the host threads would still race on the bytes.
+  std::promise<void> gate = t.hold(t.a);
   REQUIRE(t.sim.memcpy_async(t.x, t.pinned, 1024, memcpy_kind::host_to_device, t.a) ==
           error::success);
   REQUIRE(t.sim.memcpy_async(t.x, t.y, 1024, memcpy_kind::device_to_device, t.b) == error::success);
