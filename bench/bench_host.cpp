@@ -60,6 +60,9 @@ dlasync::runtime& bench_runtime() {
     if (const char* text = std::getenv("DLASYNC_BENCH_INLINE_COPY_BYTES")) {
       o.inline_copy_bytes = static_cast<std::uint64_t>(std::atoll(text));
     }
+    if (const char* text = std::getenv("DLASYNC_BENCH_HELPER_LINGER_US")) {
+      o.copy_helper_linger = std::chrono::microseconds(std::atoll(text));
+    }
     return *dlasync::runtime::create(o);
   }();
   return *rt;

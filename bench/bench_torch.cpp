@@ -49,6 +49,9 @@ dlasync::runtime& bench_runtime(int workers) {
     if (const char* text = std::getenv("DLASYNC_BENCH_INLINE_COPY_BYTES")) {
       o.inline_copy_bytes = static_cast<std::uint64_t>(std::atoll(text));
     }
+    if (const char* text = std::getenv("DLASYNC_BENCH_HELPER_LINGER_US")) {
+      o.copy_helper_linger = std::chrono::microseconds(std::atoll(text));
+    }
     if (const char* text = std::getenv("DLASYNC_BENCH_PARALLEL_COPY_BYTES")) {
       o.parallel_copy_bytes = static_cast<std::uint64_t>(std::atoll(text));
     }

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -31,7 +33,8 @@ std::unique_ptr<py_runtime> make_runtime(
     std::uint64_t copy_memory_budget, const py::object& inline_copy_bytes,
     const py::object& parallel_copy_bytes, const py::object& host_cache_bytes,
     const py::object& streams_per_device, const py::object& staging_chunk_bytes,
-    const py::object& staging_chunks, const py::object& staging_streams) {
+    const py::object& staging_chunks, const py::object& staging_streams,
+    const py::object& copy_helper_linger_us) {
   runtime_options o;
   if (!cuda.is_none()) o.cuda = cuda.cast<std::string>();
   o.worker_threads = workers;
@@ -45,6 +48,9 @@ std::unique_ptr<py_runtime> make_runtime(
   set_if(staging_chunk_bytes, o.staging_chunk_bytes);
   set_if(staging_chunks, o.staging_chunks);
   set_if(staging_streams, o.staging_streams);
+  if (!copy_helper_linger_us.is_none()) {
+    o.copy_helper_linger = std::chrono::microseconds(copy_helper_linger_us.cast<std::int64_t>());
+  }
   return std::make_unique<py_runtime>(std::move(o));
 }
 
@@ -80,7 +86,8 @@ context manager: leaving it shuts the runtime down, as shutdown() does.)")
            py::arg("copy_memory_budget") = 0, py::arg("inline_copy_bytes") = py::none(),
            py::arg("parallel_copy_bytes") = py::none(), py::arg("host_cache_bytes") = py::none(),
            py::arg("streams_per_device") = py::none(), py::arg("staging_chunk_bytes") = py::none(),
-           py::arg("staging_chunks") = py::none(), py::arg("staging_streams") = py::none())
+           py::arg("staging_chunks") = py::none(), py::arg("staging_streams") = py::none(),
+           py::arg("copy_helper_linger_us") = py::none())
       .def(
           "from_dlpack",
           [](const py::object& self, py::handle x, py::object device, py::object copy,

@@ -36,8 +36,10 @@ runtime_core::runtime_core(runtime_options options, runtime_hooks hooks)
     : options_(std::move(options)),
       hooks_(std::move(hooks)),
       budget_(std::make_shared<memory_budget>(options_.copy_memory_budget)),
-      workers_(options_.worker_executor ? std::make_unique<work_pool>(*options_.worker_executor)
-                                        : std::make_unique<work_pool>(options_.worker_threads)) {}
+      workers_(options_.worker_executor
+                   ? std::make_unique<work_pool>(*options_.worker_executor)
+                   : std::make_unique<work_pool>(options_.worker_threads,
+                                                 options_.copy_helper_linger)) {}
 
 absl::StatusOr<std::unique_ptr<runtime_core>> runtime_core::create(runtime_options options,
                                                                    const process_topology& topology,

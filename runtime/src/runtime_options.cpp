@@ -1,4 +1,5 @@
 // The checks runtime::create makes of its options, one range per field.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -29,6 +30,14 @@ absl::Status rate(const char* field, double gbps) {
                                                  "1e6"));
 }
 
+absl::Status linger(std::chrono::microseconds linger) {
+  if (linger.count() >= 0 && linger.count() <= 10'000) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("runtime_options::copy_helper_linger is ", linger.count(),
+                   " microseconds; it must be in [0, 10000] (0 turns lingering off): a "
+                   "lingering worker keeps its core busy"));
+}
+
 constexpr std::uint64_t kib = 1024;
 constexpr std::uint64_t mib = kib * 1024;
 constexpr std::uint64_t gib = mib * 1024;
@@ -47,6 +56,7 @@ absl::Status check_options(const runtime_options& o) {
                                    ": smaller parts cost more to hand out than to copy"));
   DLASYNC_RETURN_IF_ERROR(in_range("inline_copy_bytes", o.inline_copy_bytes, std::uint64_t{0},
                                    64 * mib, ": a larger copy would hold the caller's thread"));
+  DLASYNC_RETURN_IF_ERROR(linger(o.copy_helper_linger));
   DLASYNC_RETURN_IF_ERROR(in_range("staging_chunk_bytes", o.staging_chunk_bytes, 4 * kib, gib));
   DLASYNC_RETURN_IF_ERROR(in_range("staging_chunks", o.staging_chunks, 1, 1024));
   DLASYNC_RETURN_IF_ERROR(in_range("staging_streams", o.staging_streams, 1, 64));

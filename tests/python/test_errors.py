@@ -72,6 +72,16 @@ def test_a_copy_larger_than_the_whole_budget_is_a_memory_error():
         assert e.value.rule == "budget" and not e.value.consumed
 
 
+def test_runtime_options_out_of_range_are_value_errors():
+    with pytest.raises(ValueError, match="copy_helper_linger is 20000 microseconds"):
+        dlasync.Runtime(cuda="off", copy_helper_linger_us=20000)
+    # 0 turns lingering off; imports of 1 MiB and more still split and copy.
+    with dlasync.Runtime(cuda="off", host_devices=2, workers=2, copy_helper_linger_us=0) as rt:
+        x = np.arange(1 << 19, dtype=np.float32).reshape(1024, 512)[:, ::2]
+        t = rt.from_dlpack(x, device="cpu:1", copy=True)
+        assert np.array_equal(np.from_dlpack(t), x)
+
+
 def test_imports_after_shutdown_are_runtime_errors():
     rt = dlasync.Runtime(cuda="off")
     rt.shutdown()

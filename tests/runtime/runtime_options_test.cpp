@@ -3,6 +3,7 @@
 // bounds themselves pass.
 #include "dlasync/runtime/runtime_options.hpp"
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -89,6 +90,19 @@ TEST_CASE("parallel_copy_bytes below 4096 is refused", "[runtime][options]") {
 TEST_CASE("inline_copy_bytes above 64 MiB is refused", "[runtime][options]") {
   check_range(&runtime_options::inline_copy_bytes, "inline_copy_bytes", std::uint64_t{0},
               std::uint64_t{64} << 20, "hold the caller's thread");
+}
+
+TEST_CASE("copy_helper_linger outside [0, 10 ms] is refused", "[runtime][options]") {
+  runtime_options o = base();
+  o.copy_helper_linger = std::chrono::microseconds(-1);
+  refused(o, {"runtime_options::copy_helper_linger is -1 microseconds", "[0, 10000]",
+              "0 turns lingering off"});
+  o.copy_helper_linger = std::chrono::microseconds(10'001);
+  refused(o, {"runtime_options::copy_helper_linger is 10001 microseconds", "[0, 10000]"});
+  for (const auto us : {0, 1, 200, 10'000}) {
+    o.copy_helper_linger = std::chrono::microseconds(us);
+    CHECK(accepted(o));
+  }
 }
 
 TEST_CASE("the copy budget and the host cache take every value", "[runtime][options]") {

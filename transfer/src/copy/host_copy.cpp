@@ -83,9 +83,9 @@ marker_ptr enqueue(runtime_core& core, stream_ref s, copy_request request) {
   return host.record(s);
 }
 
-// The slices of one copy_here call, shared with the helpers it posted: they
-// may run after the call returned, and then find every slice claimed.
-struct slices {
+// The slices of one copy_here call, shared with its helpers: they may run
+// after the call returned, and then find every slice claimed.
+struct slices final : shared_job {
   const strided_copy* copy = nullptr;  // read only after claiming a slice
   const void* from = nullptr;
   void* to = nullptr;
@@ -104,6 +104,7 @@ struct slices {
       if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done.notify_one();
     }
   }
+  void help() noexcept override { work(); }
 };
 
 }  // namespace
@@ -133,10 +134,10 @@ void copy_here(runtime_core& core, const strided_copy& copy, const void* from, v
   // This thread is one of worker_threads copying threads, as in a parallel
   // loop.
   const int helpers = std::min<int>(options.worker_threads - 1, static_cast<int>(count - 1));
-  for (int h = 0; h < helpers; ++h) {
-    core.workers().post([shared] { shared->work(); });
-  }
+  work_pool& workers = core.workers();
+  workers.offer(shared, helpers);
   shared->work();
+  workers.withdraw(shared.get());
   // Only slices already running are left: a short spin, as they end within
   // a slice's time, then a sleep.
   for (int spin = 0; spin < 2000; ++spin) {

@@ -15,6 +15,7 @@
 //   auto rt = dlasync::runtime::create(o);
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -93,6 +94,15 @@ struct runtime_options {
   // 64 MiB: a larger copy would hold the caller's thread for tens of
   // milliseconds.
   std::uint64_t inline_copy_bytes = 4 << 20;
+  // How long a worker that helped with a split copy stays awake after it,
+  // watching for the next one to help with, before it sleeps: [0, 10 ms].
+  // Back-to-back copies of parallel_copy_bytes and more then find their
+  // helpers running, instead of waiting for a thread wake-up each (tens of
+  // microseconds, as long as such a copy takes). A lingering worker spins
+  // on its core; it leaves at once when a task is queued for the workers.
+  // 0 turns lingering off. Workers on a `worker_executor` never linger:
+  // its threads run the caller's work too.
+  std::chrono::microseconds copy_helper_linger{200};
   // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
   // this many bytes, so that imports do not page-fault through fresh
   // memory. 0 keeps none. Every value is valid.
