@@ -1,8 +1,10 @@
 // Where the CUDA reactor hands its completions (internal). The reactor only
 // polls events; what follows an event (a marker's callbacks: a deleter, the
 // next staging piece, the grant of the next import, a handler's delivery)
-// runs on the executor this names: the runtime's workers, or the worker
-// executor the caller gave in runtime_options. Once the runtime has begun
+// runs on the workers this names (work_pool: the runtime's own threads, or
+// the worker executor the caller gave in runtime_options), posted as their
+// counted tasks, so that a worker lingering for a split copy makes way for
+// it. Once the runtime has begun
 // to stop its workers it is detached, and completions run on the reactor
 // thread itself, so that none is lost to a pool that no longer runs.
 //
@@ -10,12 +12,10 @@
 #pragma once
 
 #include <mutex>
-#include <optional>
 #include <utility>
 
 #include "absl/functional/any_invocable.h"
-#include "asio/any_io_executor.hpp"
-#include "asio/post.hpp"
+#include "runtime/src/work_pool.hpp"
 
 namespace dlasync::detail {
 
@@ -23,24 +23,24 @@ class handoff {
  public:
   using task = absl::AnyInvocable<void() &&>;
 
-  void attach(asio::any_io_executor executor) {
+  void attach(work_pool& workers) {
     std::lock_guard lock(mutex_);
-    executor_ = std::move(executor);
+    workers_ = &workers;
   }
 
   // After this returns, no task is posted any more: later ones run inline.
   void detach() {
     std::lock_guard lock(mutex_);
-    executor_.reset();
+    workers_ = nullptr;
   }
 
-  // Posts `fn` to the attached executor, or runs it here when detached.
+  // Posts `fn` to the attached workers, or runs it here when detached.
   void run(task fn) {
     {
       std::lock_guard lock(mutex_);
-      if (executor_) {
+      if (workers_ != nullptr) {
         // Posted under the lock: a detach that returned has seen every post.
-        asio::post(*executor_, [fn = std::move(fn)]() mutable { std::move(fn)(); });
+        workers_->post(std::move(fn));
         return;
       }
     }
@@ -49,7 +49,7 @@ class handoff {
 
  private:
   std::mutex mutex_;
-  std::optional<asio::any_io_executor> executor_;
+  work_pool* workers_ = nullptr;
 };
 
 }  // namespace dlasync::detail

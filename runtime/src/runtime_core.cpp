@@ -55,7 +55,7 @@ absl::Status runtime_core::start(const process_topology& topology) {
   host.streams_per_device = options_.streams_per_device;
   host.cache_max_bytes = options_.host_cache_bytes;
   host_ = std::make_unique<host_backend>(host, *workers_);
-  completions_->attach(workers_->executor());
+  completions_->attach(*workers_);
   // What each backend announces is both the registry's entries and which
   // backend backend_for names for a kind.
   std::vector<served_devices> served;

@@ -68,9 +68,6 @@ class work_pool {
   // True on a thread that is running one of this pool's tasks.
   bool running_in_this_thread() const noexcept;
 
-  // An executor whose posts are this pool's tasks (counted).
-  asio::any_io_executor executor() const { return executor_; }
-
   // Waits until no task is queued or running (tasks may post more), then
   // stops the pool's own threads. Posting afterwards is an error.
   void drain();
