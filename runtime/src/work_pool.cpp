@@ -91,7 +91,7 @@ std::shared_ptr<shared_job> work_pool::offered() {
 
 void work_pool::help_and_linger(const std::shared_ptr<shared_job>& job) {
   job->help();
-  if (linger_.count() <= 0 || !own_) return;
+  if (linger_.count() <= 0) return;  // 0 on a caller's executor
   using clock = std::chrono::steady_clock;
   std::uint64_t seen = offers_.load(std::memory_order_seq_cst);
   lingering_.fetch_add(1, std::memory_order_seq_cst);

@@ -96,7 +96,7 @@ struct slices final : shared_job {
   std::atomic<std::int64_t> done{0};
 
   // Claims and copies slices until none is left.
-  void work() {
+  void help() noexcept override {
     for (std::int64_t i = next.fetch_add(1, std::memory_order_relaxed); i < count;
          i = next.fetch_add(1, std::memory_order_relaxed)) {
       copy->run(from, to, units * i / count, units * (i + 1) / count);
@@ -104,7 +104,6 @@ struct slices final : shared_job {
       if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == count) done.notify_one();
     }
   }
-  void help() noexcept override { work(); }
 };
 
 }  // namespace
@@ -136,7 +135,7 @@ void copy_here(runtime_core& core, const strided_copy& copy, const void* from, v
   const int helpers = std::min<int>(options.worker_threads - 1, static_cast<int>(count - 1));
   work_pool& workers = core.workers();
   workers.offer(shared, helpers);
-  shared->work();
+  shared->help();
   workers.withdraw(shared.get());
   // Only slices already running are left: a short spin, as they end within
   // a slice's time, then a sleep.

@@ -98,8 +98,9 @@ struct runtime_options {
   // watching for the next one to help with, before it sleeps: [0, 10 ms].
   // Back-to-back copies of parallel_copy_bytes and more then find their
   // helpers running, instead of waiting for a thread wake-up each (tens of
-  // microseconds, as long as such a copy takes). A lingering worker spins
-  // on its core; it leaves at once when a task is queued for the workers.
+  // microseconds, as long as such a copy takes). A lingering worker keeps
+  // its core busy, yielding it to any thread that wants it; it leaves at
+  // once when a task is queued for the workers.
   // 0 turns lingering off. Workers on a `worker_executor` never linger:
   // its threads run the caller's work too.
   std::chrono::microseconds copy_helper_linger{200};
