@@ -210,9 +210,7 @@ void memcpy_base(const float* src, char* dst, std::int64_t bytes) {
 void kernel_copy(benchmark::State& state, const std::string& kind) {
   const layout l = make_layout(kind, state.range(0));
   const std::int64_t bytes = copy_bytes(l);
-  // memcpy reads `bytes` from the buffer's start: a broadcast or reversed
-  // layout spans less than that, so the buffer holds at least `bytes`.
-  const float* src = dlasync::bench::ones(static_cast<std::size_t>(std::max(l.buffer, bytes / 4)));
+  const float* src = dlasync::bench::ones_for(l);
   dlasync::strided_copy copy(
       {4, {l.shape.begin(), l.shape.end()}, {l.strides.begin(), l.strides.end()}});
   char* dst = dlasync::bench::scratch(copy.bytes());

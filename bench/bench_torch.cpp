@@ -113,7 +113,9 @@ void copies(benchmark::State& state, const std::string& kind, int threads) {
       return;
     }
   }
-  float* src = const_cast<float*>(dlasync::bench::ones(static_cast<std::size_t>(l.buffer)));
+  // Grown here to what import_copies_paired asks for, so that the view
+  // below does not point into a buffer moved by a later growth.
+  float* src = const_cast<float*>(dlasync::bench::ones_for(l));
   const at::Tensor view =
       at::from_blob(src + l.first, l.shape, l.strides, at::TensorOptions().dtype(at::kFloat));
   dlasync::bench::import_copies_paired(state, bench_runtime(threads), kind,

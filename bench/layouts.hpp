@@ -91,6 +91,14 @@ inline const float* ones(std::size_t count) {
   return buffer.data.get();
 }
 
+// The shared ones grown for layout `l` and for a baseline that reads its
+// copy's bytes from the start (a broadcast or reversed layout spans less):
+// call it before taking pointers into the buffer for `l`, since growing it
+// later moves it.
+inline const float* ones_for(const layout& l) {
+  return ones(static_cast<std::size_t>(std::max(l.buffer, copy_bytes(l) / 4)));
+}
+
 // `bytes` of scratch memory, shared and grown the same way (destinations
 // of the baselines and kernels: warm, as the runtime's cached blocks are).
 inline char* scratch(std::size_t bytes) {
@@ -143,9 +151,8 @@ void import_copies_paired(benchmark::State& state, dlasync::runtime& rt, const s
   const layout l = make_layout(kind, state.range(0));
   const std::int64_t bytes = copy_bytes(l);
   // The baseline reads `bytes` from the start of the buffer of ones, which
-  // grows here first (to more than a broadcast or reversed layout spans), so
-  // that host_source's own call below does not move it.
-  const float* base_src = ones(static_cast<std::size_t>(std::max(l.buffer, bytes / 4)));
+  // grows here first, so that host_source's own call below does not move it.
+  const float* base_src = ones_for(l);
   host_source src(l);
   char* dst = scratch(static_cast<std::size_t>(bytes));
   const std::int64_t batch = batch_for(bytes);

@@ -333,6 +333,17 @@ TEST_CASE("runs of every length, in 2 to 4 dimensions, match the reference", "[r
   }
 }
 
+TEST_CASE("broadcasts past 4 MiB copy their runs in registers, and match the reference",
+          "[runtime][copy]") {
+  // A small source read again and again is copied inline at any size; a
+  // source past a core's cache, or runs under 32 bytes, by memcpy per run.
+  check_layout({4, {5000, 259}, {0, 1}});           // 1036-byte runs, 5 MB
+  check_layout({4, {40, 200, 160}, {0, 160, 1}});   // a 128 KB plane, 40 times
+  check_layout({1, {200000, 31}, {0, 1}});          // 31-byte runs
+  check_layout({4, {16, 300, 300}, {0, 300, 1}});   // a 360 KB plane, 16 times
+  check_layout({4, {6000, 2, 250}, {0, -250, 1}});  // reversed inside, broadcast outside
+}
+
 TEST_CASE("random layouts match the reference for every element size", "[runtime][copy]") {
   std::mt19937 rng(1234);
   for (int trial = 0; trial < 300; ++trial) {

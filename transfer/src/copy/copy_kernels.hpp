@@ -80,11 +80,12 @@ inline void stream_lines(char* d, std::int64_t d_row, const char* buffer, std::i
 void stream_run(char* to, const char* from, std::size_t n);
 
 // `count` runs of `n` bytes, `from_step` bytes apart in the source (any
-// sign, 0 for a broadcast), one after another in the destination. `cached`:
-// the whole copy fits the core's caches, where runs are copied inline in
-// registers; past them each run is a call to memcpy (see run_kernels.cpp).
+// sign, 0 for a broadcast), one after another in the destination.
+// `in_registers`: runs are copied inline in registers (a copy that fits the
+// core's caches, or a small source read many times); otherwise each run is
+// a call to memcpy (see run_kernels.cpp).
 void copy_runs(char* to, const char* from, std::size_t n, std::int64_t count,
-               std::int64_t from_step, bool cached);
+               std::int64_t from_step, bool in_registers);
 
 // How a tile walk writes and reads ahead.
 struct tile_options {

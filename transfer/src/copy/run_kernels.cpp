@@ -70,16 +70,19 @@ void stream_run(char* to, const char* from, std::size_t n) {
   std::memcpy(to, from, n);
 }
 
-// Past the caches the inline loop lost to a call to memcpy per run on a
-// Zen 5 core: 1 KiB runs of every other source KiB, 256 MiB, 6.5 against
-// 13.8 GB/s (0.42 and 0.86 of one memcpy of the same bytes); 16 MiB, 0.57
-// against 0.66. In cache it is the faster one (1 MiB: 1.04 against 0.99
-// there; 0.92 against 0.77 on a Xeon). On the Xeon, past the caches, the
-// memcpy loop measured within 0.05 of the inline one (docs/performance.md).
+// Past the caches, reading a source that streams from memory, the inline
+// loop lost to a call to memcpy per run on a Zen 5 core: 1 KiB runs of every
+// other source KiB, 256 MiB, 6.5 against 13.8 GB/s (0.42 and 0.86 of one
+// memcpy of the same bytes); 16 MiB, 0.57 against 0.66. In cache it is the
+// faster one (1 MiB: 1.04 against 0.99 there; 0.92 against 0.77 on a Xeon),
+// and so it is where the source is one small block read again and again
+// (a broadcast), at any size: there the stores are the whole cost, and the
+// inline ones beat the memcpy calls (strided_copy.cpp). On the Xeon, past the caches, the memcpy
+// loop measured within 0.05 of the inline one (docs/performance.md).
 void copy_runs(char* to, const char* from, std::size_t n, std::int64_t count,
-               std::int64_t from_step, bool cached) {
+               std::int64_t from_step, bool in_registers) {
 #if defined(__x86_64__)
-  if (cached && n >= 32 && avx2()) return copy_runs_avx2(to, from, n, count, from_step);
+  if (in_registers && n >= 32 && avx2()) return copy_runs_avx2(to, from, n, count, from_step);
 #endif
   copy_runs_memcpy(to, from, n, count, from_step);
 }

@@ -100,10 +100,10 @@ class strided_copy {
   // tile: the dimensions between the tile dimension and the last, iterated
   // inside each unit so that a unit's destination stays contiguous.
   absl::InlinedVector<int, 8> middle_dims_;
-  bool stream_ = false;         // write with streaming stores (tiles, broadcast runs)
-  bool prefetch_ = false;       // tiles: software prefetches (the AVX-512 tiles past the caches)
-  bool runs_in_cache_ = false;  // runs: inline register copies, not memcpy calls
-  std::int64_t block_ = 1;      // elements of split_dim_ per unit
+  bool stream_ = false;       // write with streaming stores (tiles, broadcast runs)
+  bool prefetch_ = false;     // tiles: software prefetches (the AVX-512 tiles past the caches)
+  bool runs_inline_ = false;  // runs: inline register copies, not memcpy calls
+  std::int64_t block_ = 1;    // elements of split_dim_ per unit
   std::int64_t blocks_ = 0;
   std::int64_t outer_count_ = 0;
   absl::InlinedVector<int, 8> outer_dims_;  // the dimensions before split_dim_
