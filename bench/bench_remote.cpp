@@ -253,7 +253,9 @@ double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, s
       });
       lock.lock();
     }
-    cv.wait(lock);
+    // With a predicate: the last completions may all come while this thread
+    // is submitting, and then no notification is left to wait for.
+    cv.wait(lock, [&] { return done == ds.size() || (in_flight < window && next < ds.size()); });
   }
   const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
   return static_cast<double>(bytes_each) * static_cast<double>(ds.size()) / seconds;
