@@ -333,7 +333,7 @@ TEST_CASE("runs of every length, in 2 to 4 dimensions, match the reference", "[r
   }
 }
 
-TEST_CASE("broadcasts past 4 MiB copy their runs in registers, and match the reference",
+TEST_CASE("broadcasts past 4 MiB match the reference, inline and by memcpy per run",
           "[runtime][copy]") {
   // A small source read again and again is copied inline at any size; a
   // source past a core's cache, or runs under 32 bytes, by memcpy per run.

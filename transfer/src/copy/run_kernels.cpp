@@ -77,8 +77,9 @@ void stream_run(char* to, const char* from, std::size_t n) {
 // faster one (1 MiB: 1.04 against 0.99 there; 0.92 against 0.77 on a Xeon),
 // and so it is where the source is one small block read again and again
 // (a broadcast), at any size: there the stores are the whole cost, and the
-// inline ones beat the memcpy calls (strided_copy.cpp). On the Xeon, past the caches, the memcpy
-// loop measured within 0.05 of the inline one (docs/performance.md).
+// inline ones beat the memcpy calls (strided_copy.cpp). On the Xeon, past
+// the caches, the memcpy loop measured within 0.05 of the inline one
+// (docs/performance.md).
 void copy_runs(char* to, const char* from, std::size_t n, std::int64_t count,
                std::int64_t from_step, bool in_registers) {
 #if defined(__x86_64__)

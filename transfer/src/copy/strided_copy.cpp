@@ -153,9 +153,10 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // (docs/performance.md).
     std::int64_t span = es;
     for (int i = 0; i < ndim_; ++i) span += (shape_[i] - 1) * std::abs(src_stride_[i]);
-    const bool small_source = static_cast<std::uint64_t>(span) * 4 <= bytes_;
+    // Each source byte read 4 times or more, on average.
+    const bool reread_source = static_cast<std::uint64_t>(span) * 4 <= bytes_;
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes &&
-              shape_[last] * es >= 256 && small_source;
+              shape_[last] * es >= 256 && reread_source;
     // Inline register copies where the copy stays in the caches, and where
     // a source that stays in the core's cache is read many times (a
     // broadcast that does not stream): there the stores are the whole cost,
@@ -164,7 +165,7 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // 2.14-2.51, 256 MiB 1.14-1.16 -> 1.75-1.80; with streaming stores
     // instead, 1.29-1.55 and 1.16-1.19).
     runs_inline_ = bytes_ <= in_cache_max_bytes ||
-                   (small_source && static_cast<std::uint64_t>(span) <= small_source_max_bytes);
+                   (reread_source && static_cast<std::uint64_t>(span) <= small_source_max_bytes);
   }
   if (kernel_ == kernel::tile) {
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes;
