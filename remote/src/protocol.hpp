@@ -24,11 +24,11 @@
 namespace dlasync::remote_detail {
 
 // Active-message ids, registered by every node.
-inline constexpr unsigned am_hold_request = 0x444c01;
-inline constexpr unsigned am_hold_reply = 0x444c02;
-inline constexpr unsigned am_hold_release = 0x444c03;
-inline constexpr unsigned am_fetch_request = 0x444c04;
-inline constexpr unsigned am_fetch_data = 0x444c05;
+inline constexpr unsigned am_hold_request = 0x4c01;
+inline constexpr unsigned am_hold_reply = 0x4c02;
+inline constexpr unsigned am_hold_release = 0x4c03;
+inline constexpr unsigned am_fetch_request = 0x4c04;
+inline constexpr unsigned am_fetch_data = 0x4c05;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
 

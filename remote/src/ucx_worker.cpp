@@ -82,6 +82,7 @@ absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
   if (ucp_context_query(w->context_, &attr) == UCS_OK) {
     w->cuda_memory_ = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
   }
+  if (absl::Status claimed = w->claim_am_ids(); !claimed.ok()) return claimed;
   int fd = -1;
   if (s = ucp_worker_get_efd(w->worker_, &fd); s != UCS_OK) {
     return remote_detail::ucx_error(s, "UCX gave no event descriptor for its worker");
@@ -219,7 +220,44 @@ std::string ucx_worker::transports() const {
   return out.empty() ? "unknown" : out;
 }
 
+ucs_status_t ucx_worker::on_unclaimed(void* arg, const void*, std::size_t, void*, std::size_t,
+                                      const ucp_am_recv_param_t*) {
+  // Under the mutex, as every UCX callback: a plain count is enough.
+  ++static_cast<ucx_worker*>(arg)->dropped_;
+  return UCS_OK;  // UCX releases the data (a rendezvous is never fetched)
+}
+
+absl::Status ucx_worker::claim_am_ids() {
+  // UCX 1.13 grows its table of handlers without initialising the slots
+  // between the last id registered and the table's new capacity
+  // (ucp_worker_set_am_handler_common initialises the new id's slot again
+  // and again), and reads a slot's flags before it checks the id against the
+  // table's length (ucp_am_handler_common). A peer's message with an id in a
+  // slot never set calls whatever bytes are there; one past the table reads
+  // past its end. So every id the wire can carry gets a handler of ours,
+  // registered in increasing order: the table then doubles to exactly
+  // max_am_ids slots, each one set.
+  ucp_am_handler_param_t p{};
+  p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                 UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+  p.cb = &ucx_worker::on_unclaimed;
+  p.arg = this;
+  p.flags = 0;  // fragments dropped as they come, never assembled
+  for (unsigned id = 0; id < max_am_ids; ++id) {
+    p.id = id;
+    if (ucs_status_t s = ucp_worker_set_am_recv_handler(worker_, &p); s != UCS_OK) {
+      return remote_detail::ucx_error(
+          s, absl::StrCat("UCX refused the handler that drops active message ", id));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ucx_worker::set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg) {
+  if (id >= max_am_ids) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "active message id ", id, " does not fit UCX's 16-bit id; use one below ", max_am_ids));
+  }
   ucp_am_handler_param_t p{};
   p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                  UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;

@@ -64,10 +64,20 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // The transports UCX uses here (ucp_worker_print_info's list).
   std::string transports() const;
 
+  // Active-message ids are 16 bits on UCX's wire. Every one of them has a
+  // handler from the start: the worker's own, which drops the message (and
+  // counts it), until set_am_handler claims the id. So a peer's message
+  // never reaches a slot of UCX's table that nobody set.
+  static constexpr unsigned max_am_ids = 1U << 16;
+
   // Registers `cb` (with `arg`) for the active messages `id`, delivered
-  // whole (UCP_AM_FLAG_WHOLE_MSG). Requires the mutex. Internal when UCX
-  // refuses, naming its status.
+  // whole (UCP_AM_FLAG_WHOLE_MSG). Requires the mutex. InvalidArgument for
+  // an id of max_am_ids or more; Internal when UCX refuses, naming its
+  // status.
   absl::Status set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
+  // Messages dropped because no handler claimed their id. Requires the
+  // mutex.
+  std::uint64_t dropped_messages() const noexcept { return dropped_; }
 
   // An active message to send: the worker owns `bytes` until UCX is done
   // with them (UCX 1.13 reads a send's header and data until it completes).
@@ -118,6 +128,10 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
 
  private:
   ucx_worker() = default;
+  absl::Status claim_am_ids();
+  static ucs_status_t on_unclaimed(void* arg, const void* header, std::size_t header_length,
+                                   void* data, std::size_t length,
+                                   const ucp_am_recv_param_t* param);
   void watch();
   // From the wait's completion, or from a look that found the descriptor
   // readable (watch).
@@ -138,6 +152,7 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   bool cuda_memory_ = false;
+  std::uint64_t dropped_ = 0;
   bool stopped_ = false;
   bool progressing_ = false;
   bool waiting_ = false;  // an async_wait is pending
