@@ -293,6 +293,7 @@ int main(int argc, char** argv) {
   std::uint64_t bytes_per_rep = 256ull << 20;
   std::size_t window = 4;
   bool strided = false;
+  remote_fetch fetch = remote_fetch::automatic;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* name) -> std::optional<std::string> {
@@ -315,6 +316,9 @@ int main(int argc, char** argv) {
       window = std::stoul(*v);
     } else if (a == "--strided") {
       strided = true;
+    } else if (auto v = value("--fetch")) {
+      if (*v == "rma") fetch = remote_fetch::rma;
+      if (*v == "am") fetch = remote_fetch::active_messages;
     } else {
       std::cerr << "unknown option " << a << "\n";
       return 2;
@@ -342,6 +346,7 @@ int main(int argc, char** argv) {
     auto rt = runtime::create(ro);
     remote_node_options no;
     no.transports = tls;
+    no.fetch = fetch;
     auto node = remote_node::create(**rt, no);
     if (!node.ok()) {
       std::cerr << node.status() << "\n";

@@ -17,8 +17,9 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DDLASYNC_FUZZ=ON -DDLASYNC_WITH_CUDA=OFF \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF >/dev/null
 targets=(import frame)
-# The descriptor fuzzer where UCX is there (the remote component).
-if pkg-config --exists ucx; then targets+=(descriptor); fi
+# The descriptor and node-message fuzzers where UCX is there (the remote
+# component).
+if pkg-config --exists ucx; then targets+=(descriptor node_messages); fi
 cmake --build build-fuzz --parallel "$(nproc)" \
   --target $(printf 'dlasync_fuzz_%s ' "${targets[@]}")
 

@@ -1,5 +1,8 @@
 #include "dlasync/remote/descriptor.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -76,7 +79,7 @@ class reader {
 
 std::string remote_descriptor::encode() const {
   std::string out;
-  out.reserve(96 + 16 * shape.size() + rkey.size() + worker_address.size());
+  out.reserve(112 + 16 * shape.size() + rkey.size());
   out.append(magic, sizeof(magic));
   writer w(out);
   w.put<std::uint16_t>(format_version);
@@ -99,8 +102,17 @@ std::string remote_descriptor::encode() const {
   for (std::size_t i = 0; i < shape.size(); ++i) {
     w.put<std::int64_t>(i < strides.size() ? strides[i] : 0);
   }
+  // The exporter's listener: its address's bytes (4 or 16, none when the
+  // text is not numeric), then the port.
+  std::string address(sizeof(in6_addr), '\0');
+  if (inet_pton(AF_INET, exporter_address.c_str(), address.data()) == 1) {
+    address.resize(sizeof(in_addr));
+  } else if (inet_pton(AF_INET6, exporter_address.c_str(), address.data()) != 1) {
+    address.clear();
+  }
+  w.blob(address);
+  w.put<std::uint16_t>(exporter_port);
   w.blob(rkey);
-  w.blob(worker_address);
   return out;
 }
 
@@ -157,8 +169,22 @@ absl::StatusOr<remote_descriptor> remote_descriptor::decode(std::string_view byt
   for (std::int64_t& e : d.shape) DLASYNC_GET(e, "shape");
   for (std::int64_t& e : d.strides) DLASYNC_GET(e, "strides");
 #undef DLASYNC_GET
+  std::string address;
+  if (absl::Status s = r.blob(address, "exporter address"); !s.ok()) return s;
+  if (!address.empty()) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const int family = address.size() == sizeof(in_addr)    ? AF_INET
+                       : address.size() == sizeof(in6_addr) ? AF_INET6
+                                                            : AF_UNSPEC;
+    if (family == AF_UNSPEC || inet_ntop(family, address.data(), text, sizeof(text)) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote descriptor: the exporter address holds ", address.size(),
+                       " bytes; an IPv4 address has 4, an IPv6 address 16"));
+    }
+    d.exporter_address = text;
+  }
+  if (absl::Status s = r.get(d.exporter_port, "exporter port"); !s.ok()) return s;
   if (absl::Status s = r.blob(d.rkey, "remote key"); !s.ok()) return s;
-  if (absl::Status s = r.blob(d.worker_address, "worker address"); !s.ok()) return s;
   if (r.left() != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("remote descriptor: ", r.left(), " bytes after its end at byte ",

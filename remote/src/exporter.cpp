@@ -1,49 +1,54 @@
-// The exporting side of a remote node: publications and their leases.
+// The exporting side of a remote node: publications, their leases and
+// holds, and the pieces that carry a tensor's bytes to its importers.
 #include <algorithm>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "asio/bind_cancellation_slot.hpp"
 #include "asio/post.hpp"
+#include "dlasync/transfer/import.hpp"
+#include "dlasync/transfer/producer.hpp"
 #include "remote/src/remote_core.hpp"
 
 namespace dlasync::detail {
-namespace {
-
-// splitmix64: lease ids that do not repeat and are not guessable from each
-// other.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
 
 using remote_detail::hold_release;
 using remote_detail::hold_reply;
 using remote_detail::hold_request;
+using remote_detail::piece_plan;
 
 absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
                                                        remote_descriptor d,
                                                        const publish_options& options) {
+  if (listen_address_.empty()) {
+    return absl::FailedPreconditionError(
+        "this node does not listen (remote_node_options::listen_address is empty), so no "
+        "importer could reach a publication; give it an address to listen on");
+  }
+  // Fixed since start(): read without the lock.
+  d.exporter_address = listen_address_;
+  d.exporter_port = listen_port_;
+  absl::StatusOr<remote_detail::remote_plan> plan =
+      remote_detail::plan_remote(d, import_options{}, rt_.registry());
+  if (!plan.ok()) return plan.status();
+
   std::lock_guard lock(ucx_->mutex());
   if (stopping_) {
     return absl::UnavailableError("the remote node is shut down; publish before shutdown");
   }
   std::uint64_t lease = 0;
   do {
-    lease = mix(lease_seed_ + ++last_lease_);
-  } while (lease == 0 || publications_.contains(lease));
+    lease = remote_detail::random_u64();
+  } while (lease == 0 || publications_.contains(lease) || draining_.contains(lease));
   d.lease_id = lease;
-  d.worker_address = ucx_->address();
 
   publication pub;
   pub.lease_id = lease;
   pub.importers = options.importers;
   pub.end = std::chrono::steady_clock::now() + options.lease;
-  if (d.region_bytes > 0) {
+  if (options_.trusted_peers && d.region_bytes > 0) {
+    // Peers trusted with RMA read the region themselves, by its key.
     ucp_mem_map_params_t p{};
     p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     // NOLINTNEXTLINE(performance-no-int-to-ptr): the tensor's own memory
@@ -63,8 +68,9 @@ absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
     d.rkey.assign(static_cast<const char*>(packed), packed_size);
     ucp_rkey_buffer_release(packed);
   }
-  pub.region_begin = d.region_begin;
-  pub.region_bytes = d.region_bytes;
+  pub.description = d;
+  pub.plan = *std::move(plan);
+  pub.digest = remote_detail::description_digest(d);
   pub.holder = std::move(holder);
   pub.timer = std::make_unique<asio::steady_timer>(executor_, pub.end);
   pub.timer->async_wait([weak = weak_from_this(), lease](const asio::error_code& ec) {
@@ -80,48 +86,231 @@ std::size_t remote_core::publications() const {
   return publications_.size() + draining_.size();
 }
 
-void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h reply_ep) {
+void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
   hold_reply r;
   r.request_id = m.request_id;
-  auto refuse = [&r](absl::StatusCode code, const std::string& message) {
+  auto refuse = [&](absl::StatusCode code, const std::string& message) {
     r.code = static_cast<std::int32_t>(code);
     const std::size_t n = std::min(message.size(), sizeof(r.message) - 1);
     std::memcpy(r.message, message.data(), n);
     r.message[n] = '\0';
+    send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
   };
   auto it = publications_.find(m.lease_id);
   const auto now = std::chrono::steady_clock::now();
   if (stopping_) {
-    refuse(absl::StatusCode::kUnavailable, "the exporting node is shutting down");
-  } else if (it == publications_.end()) {
-    refuse(absl::StatusCode::kNotFound,
-           absl::StrCat("lease ", m.lease_id,
-                        " is not published here: all its importers released it, it expired, "
-                        "or it never existed; ask the exporter to publish again"));
-  } else if (now >= it->second.end) {
-    refuse(absl::StatusCode::kDeadlineExceeded,
-           absl::StrCat("lease ", m.lease_id, " has ended; publish with a longer lease"));
-  } else if (it->second.holds >= it->second.importers) {
-    refuse(absl::StatusCode::kFailedPrecondition,
-           absl::StrCat("lease ", m.lease_id, " was published for ", it->second.importers,
-                        " importer(s), and all of them hold it; publish with more importers"));
-  } else {
-    ++it->second.holds;
-    r.remaining_us = static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::microseconds>(it->second.end - now).count());
+    return refuse(absl::StatusCode::kUnavailable, "the exporting node is shutting down");
   }
-  send_locked(reply_ep, remote_detail::am_hold_reply, &r, sizeof(r), false);
+  if (it == publications_.end()) {
+    return refuse(absl::StatusCode::kNotFound,
+                  absl::StrCat("lease ", m.lease_id,
+                               " is not published here: all its importers released it, it "
+                               "expired, or it never existed; ask the exporter to publish again"));
+  }
+  publication& pub = it->second;
+  if (now >= pub.end) {
+    return refuse(absl::StatusCode::kDeadlineExceeded,
+                  absl::StrCat("lease ", m.lease_id, " has ended; publish with a longer lease"));
+  }
+  if (m.digest != pub.digest) {
+    return refuse(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("the descriptor does not describe the tensor published under lease ",
+                               m.lease_id,
+                               " (its dtype, shape, strides, offset or address were changed); "
+                               "import the descriptor as the exporter made it"));
+  }
+  if (m.send_bytes == 0 && (!options_.trusted_peers || pub.memh == nullptr)) {
+    return refuse(absl::StatusCode::kPermissionDenied,
+                  "this exporter does not let importers read its memory (its node does not "
+                  "trust its peers with RMA); ask for the bytes instead");
+  }
+  if (m.send_bytes > 1 || pub.granted >= pub.importers) {
+    if (m.send_bytes > 1) {
+      return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
+    }
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("lease ", m.lease_id, " was published for ", pub.importers,
+                               " importer(s), and all of them have held it; publish with more "
+                               "importers"));
+  }
+  ++pub.granted;
+  const std::uint64_t hold_id = ++pub.last_hold;
+  const std::uint64_t secret = remote_detail::random_u64();
+  pub.holds.emplace(hold_id, hold{secret, ep});
+  const piece_plan plan =
+      m.send_bytes != 0
+          ? remote_detail::choose_plan(
+                pub.description, pub.plan,
+                options_.min_run_bytes != 0 ? options_.min_run_bytes : std::uint64_t{16} << 10)
+          : piece_plan::none;
+  const remote_detail::piece_walk walk(pub.description, pub.plan, plan);
+  r.hold_id = hold_id;
+  r.secret = secret;
+  r.remaining_us = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(pub.end - now).count());
+  r.plan = static_cast<std::uint8_t>(plan);
+  r.pieces = walk.count();
+  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
+  if (plan == piece_plan::gathered) return send_gathered_locked(pub, m.request_id, ep);
+  for (std::uint64_t i = 0; i < walk.count(); ++i) {
+    const remote_detail::piece_range range = walk.at(i);
+    remote_detail::piece header;
+    header.request_id = m.request_id;
+    header.plan = static_cast<std::uint8_t>(plan);
+    header.index = i;
+    header.count = walk.count();
+    header.offset = range.offset;
+    header.length = range.length;
+    ++pub.reads_in_flight;
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
+    const void* data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
+    send_piece_locked(ep, header, data,
+                      [this, lease = pub.lease_id](ucs_status_t) { on_read_done_locked(lease); });
+  }
+  ucx_->progress();
 }
 
-void remote_core::on_hold_release_locked(const hold_release& m) {
+void remote_core::send_piece_locked(ucp_ep_h ep, const remote_detail::piece& header,
+                                    const void* data, ucx_worker::send_done done) {
+  ucx_worker::am_message sent;
+  sent.id = remote_detail::am_piece;
+  const auto* h = reinterpret_cast<const std::byte*>(&header);
+  sent.bytes.assign(h, h + sizeof(header));
+  sent.header_bytes = sizeof(header);
+  sent.data = data;
+  sent.data_bytes = header.length;
+  sent.reply = true;
+  (void)ucx_->send_am(ep, std::move(sent), std::move(done));
+}
+
+void remote_core::send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, piece_plan plan,
+                                      std::uint64_t count, absl::StatusCode code) {
+  remote_detail::piece header;
+  header.code = static_cast<std::int32_t>(code);
+  header.request_id = request_id;
+  header.plan = static_cast<std::uint8_t>(plan);
+  header.count = count;
+  send_locked(ep, remote_detail::am_piece, &header, sizeof(header), true);
+}
+
+void remote_core::send_gathered_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep) {
+  // The runtime compacts the tensor (the strided copy kernels, on its
+  // workers, within its copy budget); the copy goes as one piece. Only
+  // the tensor's elements leave, never the gaps between them.
+  ++pub.reads_in_flight;
+  const remote_descriptor& d = pub.description;
+  tensor_description view;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the published tensor's own memory
+  view.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d.data));
+  view.device = d.source_device;
+  view.dtype = d.type;
+  view.shape = d.shape;
+  view.strides = d.strides;
+  view.byte_offset = d.byte_offset;
+  const std::uint64_t lease = pub.lease_id;
+  const std::uint64_t bytes = pub.plan.plan.byte_size;
+  // Started on the executor, not under the node's lock: a small copy runs
+  // inside the call.
+  asio::post(executor_,
+             [self = shared_from_this(), view = std::move(view), lease, bytes, request_id,
+              ep]() mutable { self->gather(std::move(view), lease, bytes, request_id, ep); });
+}
+
+void remote_core::gather(tensor_description view, std::uint64_t lease, std::uint64_t bytes,
+                         std::uint64_t request_id, ucp_ep_h ep) {
+  std::unique_lock lock(ucx_->mutex());
+  if (stopping_) return on_read_done_locked(lease);  // the memory may be gone already
+  std::lock_guard gathers_lock(gathers_mutex_);
+  auto g = gathers_.emplace(gathers_.end());
+  lock.unlock();  // shutdown now finds the gather, and waits for it
+  managed_tensor source = make_managed_tensor(std::move(view));  // the publication keeps it
+  import_options o;
+  o.target = host_device;
+  o.copy = true;
+  o.require_contiguous = true;
+  auto done = [self = shared_from_this(), g, lease, bytes, request_id,
+               ep](absl::StatusOr<tensor> t) {
+    std::lock_guard lock(self->ucx_->mutex());
+    {
+      std::lock_guard gathers(self->gathers_mutex_);
+      self->gathers_.erase(g);
+      self->gathers_done_.notify_all();
+    }
+    self->on_read_done_locked(lease);
+    if (self->stopping_ || self->importer_locked(ep) == nullptr) return;
+    if (!t.ok()) {
+      return self->send_refusal_locked(ep, request_id, piece_plan::gathered, 1, t.status().code());
+    }
+    remote_detail::piece header;
+    header.request_id = request_id;
+    header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
+    header.count = 1;
+    header.length = bytes;
+    auto copy = std::make_shared<tensor>(*std::move(t));
+    const void* data = copy->data();
+    self->send_piece_locked(ep, header, data, [copy](ucs_status_t) mutable { copy.reset(); });
+    self->ucx_->progress();
+  };
+  // Under gathers_mutex_: shutdown cancels through the slot.
+  async_import_dlpack(rt_, source, o, asio::bind_cancellation_slot(g->slot(), std::move(done)));
+}
+
+void remote_core::cancel_gathers_locked() {
+  std::lock_guard gathers(gathers_mutex_);
+  for (asio::cancellation_signal& g : gathers_) g.emit(asio::cancellation_type::terminal);
+}
+
+void remote_core::wait_for_gathers() {
+  std::unique_lock gathers(gathers_mutex_);
+  gathers_done_.wait(gathers, [this] { return gathers_.empty(); });
+}
+
+void remote_core::on_read_done_locked(std::uint64_t lease_id) {
+  if (auto it = publications_.find(lease_id); it != publications_.end()) {
+    --it->second.reads_in_flight;
+    return;
+  }
+  auto it = draining_.find(lease_id);
+  if (it == draining_.end() || --it->second.reads_in_flight > 0) return;
+  retired_.push_back(std::move(it->second.holder));
+  draining_.erase(it);
+  drop_retired_locked();
+}
+
+void remote_core::on_hold_release_locked(const hold_release& m, ucp_ep_h ep) {
   auto it = publications_.find(m.lease_id);
   if (it == publications_.end()) return;
+  auto h = it->second.holds.find(m.hold_id);
+  // Only the holder ends its hold: the secret it was granted, on the
+  // connection it was granted on.
+  if (h == it->second.holds.end() || h->second.secret != m.secret || h->second.ep != ep) return;
+  release_hold_locked(it, h);
+}
+
+void remote_core::release_hold_locked(std::map<std::uint64_t, publication>::iterator it,
+                                      std::map<std::uint64_t, hold>::iterator h) {
   publication& pub = it->second;
-  // A release without a hold is not counted.
-  if (pub.releases >= pub.holds) return;
+  pub.holds.erase(h);
   if (++pub.releases >= pub.importers) {
     retire_locked(it);
     drop_retired_locked();
+  }
+}
+
+void remote_core::drop_importer_locked(ucp_ep_h ep) {
+  // A holder that went away without releasing: its hold ends as a release
+  // would end it.
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ended;
+  for (auto& [lease, pub] : publications_) {
+    for (auto& [id, h] : pub.holds) {
+      if (h.ep == ep) ended.emplace_back(lease, id);
+    }
+  }
+  for (const auto& [lease, id] : ended) {
+    auto it = publications_.find(lease);
+    if (it == publications_.end()) continue;
+    auto h = it->second.holds.find(id);
+    if (h != it->second.holds.end()) release_hold_locked(it, h);
   }
 }
 
@@ -137,62 +326,13 @@ void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator i
   publication& pub = it->second;
   if (pub.memh != nullptr) ucp_mem_unmap(ucx_->context(), std::exchange(pub.memh, nullptr));
   if (pub.timer) pub.timer->cancel();
-  if (pub.sends_in_flight > 0) {
+  pub.holds.clear();
+  if (pub.reads_in_flight > 0) {
     draining_.insert(publications_.extract(it));
     return;
   }
   retired_.push_back(std::move(pub.holder));
   publications_.erase(it);
-}
-
-void remote_core::on_fetch_request_locked(const remote_detail::fetch_request& m,
-                                          ucp_ep_h reply_ep) {
-  auto refuse = [&](absl::StatusCode code) {
-    remote_detail::fetch_data r;
-    r.code = static_cast<std::int32_t>(code);
-    r.request_id = m.request_id;
-    r.piece = m.piece;
-    send_locked(reply_ep, remote_detail::am_fetch_data, &r, sizeof(r), false);
-  };
-  auto it = publications_.find(m.lease_id);
-  if (stopping_ || it == publications_.end()) return refuse(absl::StatusCode::kNotFound);
-  publication& pub = it->second;
-  // Only under a hold, and only inside the registered region.
-  std::uint64_t end = 0;
-  if (pub.holds <= pub.releases || m.address < pub.region_begin ||
-      __builtin_add_overflow(m.address, m.length, &end) ||
-      end > pub.region_begin + pub.region_bytes) {
-    return refuse(absl::StatusCode::kPermissionDenied);
-  }
-  remote_detail::fetch_data header;
-  header.request_id = m.request_id;
-  header.piece = m.piece;
-  header.length = m.length;
-  ucx_worker::am_message sent;
-  sent.id = remote_detail::am_fetch_data;
-  const auto* h = reinterpret_cast<const std::byte*>(&header);
-  sent.bytes.assign(h, h + sizeof(header));
-  sent.header_bytes = sizeof(header);
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published region
-  sent.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(m.address));
-  sent.data_bytes = m.length;
-  ++pub.sends_in_flight;
-  // The publication's memory stays until the send is over (or the worker
-  // ends it at shutdown).
-  (void)ucx_->send_am(reply_ep, std::move(sent),
-                      [this, lease = m.lease_id](ucs_status_t) { on_fetch_sent_locked(lease); });
-}
-
-void remote_core::on_fetch_sent_locked(std::uint64_t lease_id) {
-  if (auto it = publications_.find(lease_id); it != publications_.end()) {
-    --it->second.sends_in_flight;
-    return;
-  }
-  auto it = draining_.find(lease_id);
-  if (it == draining_.end() || --it->second.sends_in_flight > 0) return;
-  retired_.push_back(std::move(it->second.holder));
-  draining_.erase(it);
-  drop_retired_locked();
 }
 
 void remote_core::drop_retired_locked() {

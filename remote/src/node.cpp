@@ -87,6 +87,16 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
         absl::StrCat("remote_node_options::import_timeout = ", options.import_timeout.count(),
                      " ms: it must be above 0"));
   }
+  if (options.fetch == remote_fetch::rma && !options.trusted_peers) {
+    return absl::InvalidArgumentError(
+        "remote_node_options::fetch = rma needs trusted_peers: RMA lets peers read and write "
+        "this process's memory; use remote_fetch::automatic, or trust the peers");
+  }
+  if (options.max_connections == 0) {
+    return absl::InvalidArgumentError(
+        "remote_node_options::max_connections = 0: the listener would refuse every importer; "
+        "allow at least 1");
+  }
   if (!rt.accepting()) {
     return absl::FailedPreconditionError("the runtime is shutting down; create the node before");
   }
@@ -97,7 +107,8 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
           "this runtime has a remote node already; a runtime has one UCX worker: share its node");
     }
   }
-  auto worker = ucx_worker::create(rt.get_executor(), options.transports);
+  auto worker = ucx_worker::create(rt.get_executor(), options.transports,
+                                   ucx_worker::features{.rma = options.trusted_peers});
   if (!worker.ok()) {
     std::lock_guard lock(nodes_mutex());
     nodes().erase(&rt);
@@ -165,6 +176,15 @@ std::size_t remote_node::publications() const {
 }
 std::size_t remote_node::imports_in_flight() const {
   return core_->imports_in_flight();
+}
+std::size_t remote_node::connections() const {
+  return core_->connections();
+}
+std::string remote_node::listen_address() const {
+  return core_->listen_address();
+}
+std::uint16_t remote_node::listen_port() const {
+  return core_->listen_port();
 }
 std::string remote_node::transports() const {
   return core_->ucx().transports();

@@ -1,6 +1,8 @@
 #include "remote/src/plan_remote.hpp"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/transfer/import_error.hpp"
@@ -93,9 +95,12 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
     }
     return refuse(std::move(s), "");
   }
-  if (d.worker_address.empty()) {
-    return refuse(absl::InvalidArgumentError(
-                      "the descriptor carries no exporter address; it cannot be fetched"),
+  if (d.exporter_address.empty() || d.exporter_port == 0) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+                      "the descriptor names no exporter to fetch from (address \"",
+                      d.exporter_address, "\", port ", d.exporter_port,
+                      "); it is corrupt, or its node does not listen (remote_node_options::"
+                      "listen_address)")),
                   "remote_region");
   }
   remote_plan out;
@@ -117,14 +122,132 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
                       "publish again")),
                   "remote_region");
   }
-  if (d.rkey.empty()) {
-    return refuse(absl::InvalidArgumentError(
-                      "the descriptor carries no remote key for a tensor with elements"),
-                  "remote_region");
-  }
   out.span_begin = begin;
   out.span_bytes = bytes;
   return out;
+}
+
+std::uint64_t description_digest(const remote_descriptor& d) {
+  // FNV-1a over the fields, little-endian: a check of agreement between
+  // honest peers, not a secret.
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 0x100000001b3ULL;
+    }
+  };
+  mix(d.type.code);
+  mix(d.type.bits);
+  mix(d.type.lanes);
+  mix(d.shape.size());
+  for (std::int64_t e : d.shape) mix(static_cast<std::uint64_t>(e));
+  for (std::int64_t e : d.strides) mix(static_cast<std::uint64_t>(e));
+  mix(d.byte_offset);
+  mix(d.data);
+  return h;
+}
+
+namespace {
+
+// Whether the elements fill their span exactly once: the extents above 1,
+// taken by the size of their strides, must step as a compact layout does
+// (each stride the product of the smaller ones' extents), in any order and
+// direction.
+bool fills_span(const remote_descriptor& d) {
+  std::vector<std::pair<std::uint64_t, std::int64_t>> dims;  // |stride|, extent
+  for (std::size_t i = 0; i < d.shape.size(); ++i) {
+    if (d.shape[i] == 1) continue;
+    if (d.strides[i] == 0) return false;
+    const std::int64_t s = d.strides[i];
+    dims.emplace_back(s < 0 ? 0 - static_cast<std::uint64_t>(s) : static_cast<std::uint64_t>(s),
+                      d.shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  std::uint64_t expected = 1;
+  for (const auto& [stride, extent] : dims) {
+    if (stride != expected) return false;
+    expected *= static_cast<std::uint64_t>(extent);  // bounded by validation
+  }
+  return true;
+}
+
+}  // namespace
+
+piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run) {
+  if (p.plan.element_count == 0 || p.plan.compact) return piece_plan::whole;
+  if (!d.type.is_sub_byte() && fills_span(d)) return piece_plan::dense;
+  if (piece_walk::fits(d, p, piece_plan::runs)) {
+    const run_shape run = contiguous_run(d.shape, d.strides, d.type.padded_size());
+    if (run.bytes >= min_run) return piece_plan::runs;
+  }
+  return piece_plan::gathered;
+}
+
+bool piece_walk::fits(const remote_descriptor& d, const remote_plan& p, piece_plan plan) {
+  switch (plan) {
+    case piece_plan::whole: return p.plan.element_count == 0 || p.plan.compact;
+    case piece_plan::dense:
+      return p.plan.element_count > 0 && !d.type.is_sub_byte() && fills_span(d) &&
+             p.span_bytes == p.plan.byte_size;
+    case piece_plan::gathered: return p.plan.element_count > 0;
+    case piece_plan::runs: {
+      if (p.plan.element_count == 0 || d.type.is_sub_byte()) return false;
+      const run_shape run = contiguous_run(d.shape, d.strides, d.type.padded_size());
+      return run.inner_dims < d.shape.size() && p.plan.byte_size / run.bytes <= max_runs;
+    }
+    case piece_plan::none: return false;
+  }
+  return false;
+}
+
+piece_walk::piece_walk(const remote_descriptor& d, const remote_plan& p, piece_plan plan)
+    : plan_(plan), first_(p.plan.address), span_begin_(p.span_begin) {
+  if (p.plan.element_count == 0) return;
+  switch (plan) {
+    case piece_plan::whole:
+    case piece_plan::dense:
+    case piece_plan::gathered:
+      count_ = 1;
+      bytes_ = p.plan.byte_size;
+      break;
+    case piece_plan::runs: {
+      elem_ = d.type.padded_size();
+      const run_shape run = contiguous_run(d.shape, d.strides, elem_);
+      const std::size_t outer = d.shape.size() - run.inner_dims;
+      outer_shape_.assign(d.shape.begin(), d.shape.begin() + static_cast<std::ptrdiff_t>(outer));
+      outer_strides_.assign(d.strides.begin(),
+                            d.strides.begin() + static_cast<std::ptrdiff_t>(outer));
+      bytes_ = run.bytes;
+      count_ = p.plan.byte_size / run.bytes;
+      break;
+    }
+    case piece_plan::none: break;
+  }
+}
+
+piece_range piece_walk::at(std::uint64_t i) const {
+  switch (plan_) {
+    case piece_plan::whole:
+    case piece_plan::dense: return piece_range{span_begin_, 0, bytes_};
+    case piece_plan::gathered: return piece_range{0, 0, bytes_};
+    case piece_plan::runs: {
+      // Run i of the row-major walk: its outer index, last dimension
+      // fastest. Validation bounded every offset.
+      std::int64_t elements = 0;
+      std::uint64_t rest = i;
+      for (std::size_t k = outer_shape_.size(); k-- > 0;) {
+        const auto extent = static_cast<std::uint64_t>(outer_shape_[k]);
+        elements += static_cast<std::int64_t>(rest % extent) * outer_strides_[k];
+        rest /= extent;
+      }
+      const std::uint64_t source =
+          first_ + static_cast<std::uint64_t>(elements * static_cast<std::int64_t>(elem_));
+      return piece_range{source, i * bytes_, bytes_};
+    }
+    case piece_plan::none: break;
+  }
+  return piece_range{};
 }
 
 }  // namespace dlasync::remote_detail

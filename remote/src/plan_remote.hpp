@@ -7,9 +7,14 @@
 // dtype, shape, strides, byte offset, alignment and every overflow exactly
 // as for a local tensor, against the caller's options. It then adds what
 // only a remote tensor has: the exporter's device must be host memory, the
-// bytes the strides reach must lie inside the registered region, the
-// region must come with a remote key, copy=false and producer streams are
+// bytes the strides reach must lie inside the region, the exporter must be
+// named by an address and a port, copy=false and producer streams are
 // refused. Every refusal carries an import_error (consumed = false).
+//
+// The pieces an exporter sends (protocol.hpp) are laid out here too, so
+// that both sides compute them from a description the same way: the
+// exporter from its own, the importer from the descriptor, which checks
+// every piece that arrives against its own walk.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +26,7 @@
 #include "dlasync/runtime/device_registry.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/validate.hpp"
+#include "remote/src/protocol.hpp"
 
 namespace dlasync::remote_detail {
 
@@ -45,5 +51,51 @@ run_shape contiguous_run(const std::vector<std::int64_t>& shape,
 
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry);
+
+// What `d` says of the tensor's bytes (dtype, shape, strides, byte offset,
+// data address), hashed: a hold request carries the importer's, the
+// exporter compares it with its own.
+std::uint64_t description_digest(const remote_descriptor& d);
+
+// A strided tensor is sent run by run when there are at most this many runs.
+inline constexpr std::uint64_t max_runs = std::uint64_t{1} << 16;
+
+// How an exporter sends the tensor `d` (validated as `p`): whole when
+// compact, dense when its span holds each element once in another order,
+// runs when its contiguous runs are at least `min_run` bytes and at most
+// max_runs, gathered otherwise.
+piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run);
+
+// The pieces of a plan: piece i is `length` bytes read at `source` in the
+// exporter's address space (not for gathered pieces, which come from the
+// exporter's own copy) and written at `offset` of the importer's buffer,
+// which holds p.plan.byte_size bytes.
+struct piece_range {
+  std::uint64_t source = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+};
+class piece_walk {
+ public:
+  // Whether `plan` can send `d`: every plan but none, and runs only where
+  // the tensor has runs.
+  static bool fits(const remote_descriptor& d, const remote_plan& p, piece_plan plan);
+  // Requires fits(d, p, plan).
+  piece_walk(const remote_descriptor& d, const remote_plan& p, piece_plan plan);
+  piece_plan plan() const noexcept { return plan_; }
+  std::uint64_t count() const noexcept { return count_; }
+  // Requires i < count(); O(ndim).
+  piece_range at(std::uint64_t i) const;
+
+ private:
+  piece_plan plan_;
+  std::uint64_t count_ = 0;
+  std::uint64_t first_ = 0;  // the first element's address
+  std::uint64_t span_begin_ = 0;
+  std::uint64_t bytes_ = 0;  // whole, dense, gathered: the piece; runs: a run
+  std::uint64_t elem_ = 0;
+  std::vector<std::int64_t> outer_shape_;
+  std::vector<std::int64_t> outer_strides_;
+};
 
 }  // namespace dlasync::remote_detail

@@ -1,42 +1,85 @@
 // The active messages between importers and exporters (internal).
 //
-// An importer asks the exporter for a hold on a lease (hold_request, sent
-// with UCP_AM_SEND_FLAG_REPLY so that the exporter answers on the
-// importer's own endpoint), the exporter answers (hold_reply: granted with
-// the time left on the lease, or refused with a status), the importer
-// fetches the bytes and then releases its hold (hold_release).
+// An importer connects to the exporter's listener and asks for a hold on a
+// lease (hold_request, sent with UCP_AM_SEND_FLAG_REPLY so that the
+// exporter knows which connection asks). The exporter answers (hold_reply):
+// a refusal with a status, or a grant with the hold's id and secret, the
+// time left on the lease, and how it sends the bytes. Then it sends them
+// itself, as pieces it chose from its own record of the tensor (the whole
+// span, one piece per contiguous run, or a compact copy it gathered): the
+// importer never names an address the exporter reads. Last, the importer
+// releases its hold (hold_release, with the hold's id and secret, on the
+// same connection).
 //
-// The bytes move by RMA get where the endpoint has a native RMA lane (over
-// shared memory: cma). Elsewhere (TCP) UCX would emulate the get with its
-// own active messages, and UCX 1.13 aborts the exporting process when such
-// an emulated get's importer is lost; there the importer sends one
-// fetch_request per piece instead, and the exporter answers each with a
-// fetch_data message carrying the bytes (UCX's rendezvous for large ones,
-// received straight into the importer's buffer), whose failure UCX reports
-// to the sender like any send.
-// Every message is one fixed-size header and no payload; a receiver drops
-// a message whose length or magic is wrong. Both sides are untrusted by the
-// other: a reply names a request the importer made, or it is dropped.
+// Where both nodes trust their peers (remote_node_options::trusted_peers)
+// and the descriptor carries a remote key, the importer may instead read
+// the bytes itself by RMA get, and asks for a hold without pieces.
+//
+// Every message is one fixed-size header; pieces carry their bytes as the
+// message's data. A receiver drops a message whose length, magic or
+// version is wrong, or that does not come on the connection its request
+// went out on. Both sides are untrusted by the other: every number is
+// checked before it is used.
 #pragma once
 
+#include <sys/random.h>
+
+#include <cstddef>
 #include <cstdint>
 
 namespace dlasync::remote_detail {
 
-// Active-message ids, registered by every node.
+// 64 bits from the operating system's random source, for lease ids and
+// hold secrets: no peer can predict one from the ones it has seen.
+inline std::uint64_t random_u64() {
+  std::uint64_t v = 0;
+  auto* p = reinterpret_cast<unsigned char*>(&v);
+  std::size_t got = 0;
+  while (got < sizeof(v)) {
+    const ssize_t n = getrandom(p + got, sizeof(v) - got, 0);
+    if (n > 0) got += static_cast<std::size_t>(n);
+  }
+  return v;
+}
+
+// Active-message ids (16 bits on UCX's wire), registered by every node.
 inline constexpr unsigned am_hold_request = 0x4c01;
 inline constexpr unsigned am_hold_reply = 0x4c02;
 inline constexpr unsigned am_hold_release = 0x4c03;
-inline constexpr unsigned am_fetch_request = 0x4c04;
-inline constexpr unsigned am_fetch_data = 0x4c05;
+inline constexpr unsigned am_piece = 0x4c04;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
+inline constexpr std::uint16_t protocol_version = 2;
+
+// How an exporter sends a tensor's bytes.
+enum class piece_plan : std::uint8_t {
+  // None: the importer reads them by RMA get (trusted peers only).
+  none = 0,
+  // One piece, the span, which holds exactly the tensor's elements in
+  // row-major order (a compact tensor).
+  whole = 1,
+  // One piece, the span, which holds exactly the tensor's elements in
+  // another order (a transposed or reversed compact tensor): the importer
+  // compacts it.
+  dense = 2,
+  // One piece per contiguous run of the row-major walk.
+  runs = 3,
+  // One piece, a compact copy the exporter made of a tensor whose span has
+  // gaps or repeats (broadcasts, slices with short rows).
+  gathered = 4,
+};
 
 struct hold_request {
   std::uint32_t magic = protocol_magic;
-  std::uint32_t reserved = 0;
+  std::uint16_t version = protocol_version;
+  // 1: send the bytes as pieces; 0: no pieces (RMA, trusted peers only).
+  std::uint8_t send_bytes = 1;
+  std::uint8_t reserved = 0;
   std::uint64_t lease_id = 0;
   std::uint64_t request_id = 0;
+  // description_digest of the descriptor the importer validated: the
+  // exporter refuses a hold for another description than its tensor's.
+  std::uint64_t digest = 0;
 };
 
 struct hold_reply {
@@ -44,38 +87,40 @@ struct hold_reply {
   // An absl::StatusCode; 0 (OK) grants the hold.
   std::int32_t code = 0;
   std::uint64_t request_id = 0;
+  // The hold, as hold_release must name it.
+  std::uint64_t hold_id = 0;
+  std::uint64_t secret = 0;
   // Microseconds left on the lease when the exporter answered.
   std::uint64_t remaining_us = 0;
+  std::uint8_t plan = 0;  // a piece_plan
+  std::uint8_t reserved[7] = {};
+  std::uint64_t pieces = 0;
   // The refusal's message, NUL-terminated.
   char message[192] = {};
 };
 
 struct hold_release {
   std::uint32_t magic = protocol_magic;
-  std::uint32_t reserved = 0;
+  std::uint16_t version = protocol_version;
+  std::uint16_t reserved = 0;
   std::uint64_t lease_id = 0;
-  std::uint64_t request_id = 0;
+  std::uint64_t hold_id = 0;
+  std::uint64_t secret = 0;
 };
 
-// Bytes [address, address + length) of a lease's region, as piece `piece`
-// of request `request_id`; sent with UCP_AM_SEND_FLAG_REPLY.
-struct fetch_request {
-  std::uint32_t magic = protocol_magic;
-  std::uint32_t reserved = 0;
-  std::uint64_t lease_id = 0;
-  std::uint64_t request_id = 0;
-  std::uint64_t piece = 0;
-  std::uint64_t address = 0;
-  std::uint64_t length = 0;
-};
-
-// The answer: the bytes as the message's data (code 0), or a refusal
-// (an absl::StatusCode, no data).
-struct fetch_data {
+// Piece `index` of `count` of request `request_id`'s bytes: `length`
+// bytes at `offset` of the importer's buffer, carried as the message's
+// data (UCX's rendezvous for large ones). A code other than 0 (an
+// absl::StatusCode) says the exporter could not send the bytes; no data.
+struct piece {
   std::uint32_t magic = protocol_magic;
   std::int32_t code = 0;
   std::uint64_t request_id = 0;
-  std::uint64_t piece = 0;
+  std::uint8_t plan = 0;  // a piece_plan
+  std::uint8_t reserved[7] = {};
+  std::uint64_t index = 0;
+  std::uint64_t count = 0;
+  std::uint64_t offset = 0;
   std::uint64_t length = 0;
 };
 

@@ -1,6 +1,6 @@
-// The state behind a remote_node (internal): the UCX worker, the
-// publications this node exports, the endpoints to exporters and the
-// imports in flight.
+// The state behind a remote_node (internal): the UCX worker, its listener
+// and the importers connected to it, the publications this node exports
+// and their holds, the endpoints to exporters and the imports in flight.
 //
 // One lock. Every UCX call and every piece of state here is guarded by the
 // worker's mutex (ucx_worker::mutex()); UCX's callbacks run under it inside
@@ -10,7 +10,9 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,13 +24,16 @@
 
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
+#include "asio/cancellation_signal.hpp"
 #include "asio/steady_timer.hpp"
 #include "dlasync/remote/descriptor.hpp"
 #include "dlasync/remote/node.hpp"
 #include "dlasync/remote/ucx_worker.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/transfer/producer.hpp"
 #include "dlasync/transfer/tensor.hpp"
+#include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
 #include "remote/src/ucx_error.hpp"
 
@@ -38,35 +43,49 @@ namespace dlasync::detail {
 // reference to an imported tensor.
 using published_holder = std::variant<std::monostate, managed_tensor, tensor>;
 
+// An importer's connection to this node's listener.
+struct importer_connection {
+  class remote_core* core = nullptr;
+  ucp_ep_h ep = nullptr;
+};
+
+// A hold granted to one importer: released only with its secret, on the
+// connection it was granted on.
+struct hold {
+  std::uint64_t secret = 0;
+  ucp_ep_h ep = nullptr;
+};
+
 struct publication {
   std::uint64_t lease_id = 0;
   published_holder holder;
-  ucp_mem_h memh = nullptr;
+  // The description, as the exporter made it, and its validation: what the
+  // pieces are cut from.
+  remote_descriptor description;
+  remote_detail::remote_plan plan;
+  std::uint64_t digest = 0;
+  ucp_mem_h memh = nullptr;  // registered for RMA (trusted peers) only
   std::uint32_t importers = 1;
-  std::uint32_t holds = 0;
+  std::uint32_t granted = 0;
   std::uint32_t releases = 0;
+  std::uint64_t last_hold = 0;
+  std::map<std::uint64_t, hold> holds;  // granted, not released yet
   std::chrono::steady_clock::time_point end;
   std::unique_ptr<asio::steady_timer> timer;
-  // The registered region, which fetch requests must stay inside.
-  std::uint64_t region_begin = 0;
-  std::uint64_t region_bytes = 0;
-  // fetch_data messages UCX may still read the tensor's memory for: a
-  // publication that ends meanwhile keeps its holder until they complete.
-  std::uint32_t sends_in_flight = 0;
+  // Sends (and gathers) that may still read the tensor's memory: a
+  // publication that ends meanwhile keeps its holder until they are over.
+  std::uint32_t reads_in_flight = 0;
 };
 
-// An endpoint to one exporter, shared by the imports from it.
+// An endpoint to one exporter's listener, shared by the imports from it.
 struct exporter_endpoint {
   class remote_core* core = nullptr;
-  std::string address;
+  std::string key;  // "address port"
   ucp_ep_h ep = nullptr;
   absl::Status failure;  // set once UCX reported the peer lost
-  // Whether UCX reports a lost peer on this endpoint (not over shared
-  // memory alone).
-  bool detects_failure = true;
   // Whether UCX gets bytes over this endpoint with a native RMA lane (cma
   // over shared memory), rather than emulating it with active messages.
-  bool native_rma = false;
+  // Known once the endpoint is wired up; asked when an import needs it.
   std::vector<std::weak_ptr<class remote_import>> users;
 };
 
@@ -80,25 +99,32 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   const remote_node_options& options() const noexcept { return options_; }
   ucx_worker& ucx() noexcept { return *ucx_; }
 
-  // Registers the active-message handlers and starts progress.
+  // Registers the active-message handlers, listens, and starts progress.
   absl::Status start();
   void shutdown();
   bool stopping() const noexcept { return stopping_; }
 
   // Exporting (exporter.cpp).
-  // Registers d's region, fills in its key, address and lease, and keeps
+  // Fills in d's exporter, lease and (trusted peers) key, and keeps
   // `holder` (moved from only on success) until the lease ends. `d` is
-  // already validated.
+  // already validated as `plan`.
   absl::StatusOr<remote_descriptor> publish(published_holder& holder, remote_descriptor d,
                                             const publish_options& options);
   std::size_t publications() const;
+  std::size_t connections() const;
+  const std::string& listen_address() const noexcept { return listen_address_; }
+  std::uint16_t listen_port() const noexcept { return listen_port_; }
 
   // Importing (remote_import.cpp). Require the lock.
-  absl::StatusOr<exporter_endpoint*> endpoint_locked(const std::string& address);
+  absl::StatusOr<exporter_endpoint*> endpoint_locked(const std::string& address,
+                                                     std::uint16_t port);
   std::uint64_t next_request_id_locked() { return ++last_request_id_; }
   void track_locked(const std::shared_ptr<remote_import>& op);
   void untrack_locked(std::uint64_t request_id);
   std::size_t imports_in_flight() const;
+  // Whether UCX reads over `ep` with a native RMA lane (cma over shared
+  // memory) rather than emulating RMA with active messages.
+  static bool native_rma(ucp_ep_h ep);
 
   // Sends a small active message on `ep`, fire and forget; the header is
   // copied and kept until UCX is done with it. Requires the lock.
@@ -111,25 +137,48 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                                   std::size_t data_length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_am_release(void* arg, const void* header, std::size_t length, void* data,
                                     std::size_t data_length, const ucp_am_recv_param_t* param);
-  static ucs_status_t on_am_fetch_request(void* arg, const void* header, std::size_t length,
-                                          void* data, std::size_t data_length,
-                                          const ucp_am_recv_param_t* param);
-  static ucs_status_t on_am_fetch_data(void* arg, const void* header, std::size_t length,
-                                       void* data, std::size_t data_length,
-                                       const ucp_am_recv_param_t* param);
-  static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t on_am_piece(void* arg, const void* header, std::size_t length, void* data,
+                                  std::size_t data_length, const ucp_am_recv_param_t* param);
+  static void on_connection_request(ucp_conn_request_h request, void* arg);
+  static void on_importer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static void on_exporter_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  void on_hold_request_locked(const remote_detail::hold_request& m, ucp_ep_h reply_ep);
-  void on_hold_release_locked(const remote_detail::hold_release& m);
-  void on_hold_reply_locked(const remote_detail::hold_reply& m);
-  void on_fetch_request_locked(const remote_detail::fetch_request& m, ucp_ep_h reply_ep);
-  void on_fetch_sent_locked(std::uint64_t lease_id);
+  // The importer connected on `ep`, or null: a message from anywhere else
+  // is not an importer's.
+  importer_connection* importer_locked(ucp_ep_h ep);
+
+  // Exporting (exporter.cpp).
+  void on_hold_request_locked(const remote_detail::hold_request& m, ucp_ep_h ep);
+  void on_hold_release_locked(const remote_detail::hold_release& m, ucp_ep_h ep);
+  // Sends the pieces of a granted hold.
+  void send_pieces_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep,
+                          remote_detail::piece_plan plan);
+  void send_gathered_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep);
+  // A compact copy of the published tensor `view`, sent as one piece when
+  // it is made. On the executor, without the node's lock.
+  void gather(tensor_description view, std::uint64_t lease, std::uint64_t bytes,
+              std::uint64_t request_id, ucp_ep_h ep);
+  void cancel_gathers_locked();
+  // Until every gather's handler has run. Without the node's lock.
+  void wait_for_gathers();
+  void send_piece_locked(ucp_ep_h ep, const remote_detail::piece& header, const void* data,
+                         ucx_worker::send_done done);
+  void send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, remote_detail::piece_plan plan,
+                           std::uint64_t count, absl::StatusCode code);
+  // A read of the publication's memory is over.
+  void on_read_done_locked(std::uint64_t lease_id);
+  // Counts a hold as released; ends the publication after its last one.
+  void release_hold_locked(std::map<std::uint64_t, publication>::iterator it,
+                           std::map<std::uint64_t, hold>::iterator h);
+  // The connection on `ep` is gone: its holds are released.
+  void drop_importer_locked(ucp_ep_h ep);
   void expire(std::uint64_t lease_id);
   // Unregisters and forgets a publication; its holder goes to `retired_`,
-  // or it waits in `draining_` while sends still read its memory.
+  // or it waits in `draining_` while reads of its memory are under way.
   void retire_locked(std::map<std::uint64_t, publication>::iterator it);
   // Destroys retired holders (producer deleters) on the executor.
   void drop_retired_locked();
+
   void close_endpoint_locked(exporter_endpoint& e);
 
   runtime& rt_;
@@ -137,13 +186,20 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::shared_ptr<ucx_worker> ucx_;
   asio::any_io_executor executor_;
   bool stopping_ = false;
+  std::string listen_address_;
+  std::uint16_t listen_port_ = 0;
 
-  std::uint64_t lease_seed_ = 0;
-  std::uint64_t last_lease_ = 0;
   std::map<std::uint64_t, publication> publications_;
-  // Ended publications whose memory fetch_data sends still read.
+  // Ended publications whose memory sends still read.
   std::map<std::uint64_t, publication> draining_;
   std::vector<published_holder> retired_;
+  std::unordered_map<ucp_ep_h, std::unique_ptr<importer_connection>> importers_;
+  // Gathers under way (local imports that read a publication's memory),
+  // each with the signal that cancels it. Its own lock, taken after the
+  // node's: a gather starts without the node's lock.
+  std::mutex gathers_mutex_;
+  std::condition_variable gathers_done_;
+  std::list<asio::cancellation_signal> gathers_;
 
   std::uint64_t last_request_id_ = 0;
   std::unordered_map<std::string, std::unique_ptr<exporter_endpoint>> endpoints_;

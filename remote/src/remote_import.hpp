@@ -1,5 +1,11 @@
-// One remote import (internal): validate, budget, hold, fetch, release,
+// One remote import (internal): validate, budget, hold, bytes, release,
 // land. State changes happen under the node's lock (remote_core.hpp).
+//
+// The bytes arrive as pieces the exporter sends (remote_fetch.cpp checks
+// each against the descriptor before it writes a byte), or, between
+// trusted peers, by RMA gets this import issues. Either way UCX writes into
+// `buffer_` until `writes_in_flight_` is 0: the buffer and its budget are
+// let go only then, or when the worker ends at shutdown.
 #pragma once
 
 #include <chrono>
@@ -25,6 +31,9 @@ namespace dlasync::detail {
 class remote_core;
 struct exporter_endpoint;
 
+// A status code from a peer: one absl knows, else Unknown.
+absl::StatusCode peer_code(std::int32_t code);
+
 class remote_import : public std::enable_shared_from_this<remote_import> {
  public:
   using done_fn = absl::AnyInvocable<void(absl::StatusOr<tensor>) &&>;
@@ -38,31 +47,46 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
 
   // Under the lock.
   std::uint64_t request_id() const noexcept { return request_id_; }
-  void on_hold_reply_locked(const remote_detail::hold_reply& m);
+  // From the endpoint `from` (the message's reply endpoint, or null).
+  void on_hold_reply_locked(const remote_detail::hold_reply& m, ucp_ep_h from);
+  void on_piece_locked(const remote_detail::piece& m, void* data, std::size_t length,
+                       const ucp_am_recv_param_t* param);
   void on_endpoint_failed_locked(const absl::Status& why);
-  void on_fetch_data_locked(const remote_detail::fetch_data& m, void* data, std::size_t length,
-                            const ucp_am_recv_param_t* param);
+  // The node shuts down: the handler gets Cancelled now; the buffer and the
+  // budget go in after_finalize_locked, once the worker (and every write it
+  // could still make) is gone.
+  void on_shutdown_locked();
+  void after_finalize_locked();
 
  private:
-  enum class fetch_kind : std::uint8_t { whole, runs, span };
+  // What lands in the buffer: the compact row-major bytes, or the span the
+  // strides reach (compacted here afterwards).
+  enum class layout : std::uint8_t { compact, span };
 
   void on_budget(const absl::Status& granted);
   void request_hold_locked();
-  void fetch_locked();
-  // One piece of the bytes: an RMA get, or a fetch request.
+  // The exporter's plan for the bytes, from its reply or its first piece:
+  // false when it does not fit the descriptor.
+  bool adopt_plan_locked(std::uint8_t plan, std::uint64_t count);
+  // RMA (trusted peers): the gets this import issues (remote_fetch.cpp).
+  void fetch_rma_locked();
   void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);
   static void on_get(void* request, ucs_status_t status, void* user_data);
   static void on_received(void* request, ucs_status_t status, std::size_t length, void* user_data);
-  void on_get_locked(ucs_status_t status);
-  void abandon_pieces_locked();
+  // A write into the buffer is over (an RMA get or a piece's rendezvous).
+  void write_done_locked(ucs_status_t status);
+  // Goes on once every byte is in; or frees what is left after a failure.
+  void advance_locked();
   void fetched_locked();
-  // Sends the release once, when a hold was granted and nothing reads.
+  // Ends the import with `why` (consumed) unless it ended already.
+  void fail_locked(absl::Status why);
+  // Sends the release once, when a hold was granted.
   void release_hold_locked();
-  // Frees the fetch buffer, the remote key and the request's bookkeeping.
+  // Frees the buffer, the budget and the remote key once nothing writes.
   void cleanup_locked();
   // Completes the handler once; later calls do nothing.
   void finish_locked(absl::StatusOr<tensor> result);
-  void land_locally(device_buffer buffer, std::uint64_t budget_bytes);
+  void land_locally(device_buffer buffer);
 
   std::shared_ptr<remote_core> core_;
   done_fn done_;
@@ -71,35 +95,39 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   remote_descriptor descriptor_;
   import_options options_;
   remote_detail::remote_plan plan_;
-  fetch_kind kind_ = fetch_kind::whole;
   device host_;  // where the fetched bytes land first
+  layout layout_ = layout::compact;
   std::uint64_t fetch_bytes_ = 0;
 
   std::uint64_t budget_ticket_ = 0;
   bool waiting_for_budget_ = false;
+  bool budget_taken_ = false;  // a grant on its way that shutdown settled
   std::uint64_t budget_held_ = 0;
   device_buffer buffer_;
 
   exporter_endpoint* endpoint_ = nullptr;
-  ucp_rkey_h rkey_ = nullptr;
   std::uint64_t request_id_ = 0;
+  bool tracked_ = false;
   bool hold_requested_ = false;
+  bool reply_seen_ = false;
   bool hold_granted_ = false;
   bool hold_released_ = false;
+  std::uint64_t hold_id_ = 0;
+  std::uint64_t secret_ = 0;
   std::chrono::steady_clock::time_point sent_;
   std::chrono::steady_clock::time_point hold_end_;
-  // RMA gets, or fetch requests (active messages) where the endpoint has no
-  // native RMA lane.
-  bool rma_ = true;
-  struct piece {
-    std::uint64_t offset = 0;  // in the buffer
-    std::uint64_t length = 0;
-    bool done = false;
-  };
-  std::vector<piece> pieces_;
-  std::uint32_t gets_outstanding_ = 0;
-  ucs_status_t get_status_ = UCS_OK;
-  absl::Status exporter_refusal_;
+
+  // RMA gets (trusted peers), or pieces the exporter sends.
+  bool rma_ = false;
+  ucp_rkey_h rkey_ = nullptr;
+  bool rma_issuing_ = false;
+  std::uint64_t rma_pending_ = 0;
+  std::optional<remote_detail::piece_walk> walk_;
+  std::vector<bool> piece_seen_;
+  std::uint64_t pieces_done_ = 0;
+  // Writes UCX may still make into buffer_.
+  std::uint64_t writes_in_flight_ = 0;
+  absl::Status failure_;
   // Holds this import alive while UCX owns requests that point at it.
   std::shared_ptr<remote_import> keep_alive_;
   std::unique_ptr<asio::steady_timer> timeout_;

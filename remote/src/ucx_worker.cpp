@@ -37,14 +37,20 @@ absl::Status ucx_error(ucs_status_t status, const std::string& what) {
 namespace dlasync {
 
 absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
-    const asio::any_io_executor& executor, const std::string& transports) {
+    const asio::any_io_executor& executor, const std::string& transports, features f) {
   std::shared_ptr<ucx_worker> w(new ucx_worker());
   ucp_config_t* config = nullptr;
   if (ucs_status_t s = ucp_config_read(nullptr, nullptr, &config); s != UCS_OK) {
     return remote_detail::ucx_error(s, "reading UCX's configuration failed");
   }
+  w->peer_failure_ = !shared_memory_only(transports);
   if (!transports.empty()) {
-    if (ucs_status_t s = ucp_config_modify(config, "TLS", transports.c_str()); s != UCS_OK) {
+    // Connections made through a listener need UCX's TCP connection
+    // manager, which a shared-memory list alone does not bring; the bytes
+    // still move over shared memory (endpoints without peer error handling
+    // prefer it).
+    const std::string list = w->peer_failure_ ? transports : transports + ",tcp";
+    if (ucs_status_t s = ucp_config_modify(config, "TLS", list.c_str()); s != UCS_OK) {
       ucp_config_release(config);
       return absl::InvalidArgumentError(
           absl::StrCat("remote_node_options::transports = \"", transports,
@@ -54,7 +60,11 @@ absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
   }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  // RMA only on request: with it, UCX 1.13 serves its software RMA (get and
+  // put requests over active messages, as over TCP) to every connected
+  // peer, at any address of this process, whatever was registered.
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (f.rma ? UCP_FEATURE_RMA : 0);
+  w->rma_ = f.rma;
   params.mt_workers_shared = 1;
   ucs_status_t s = ucp_init(&params, config, &w->context_);
   ucp_config_release(config);
@@ -63,8 +73,11 @@ absl::StatusOr<std::shared_ptr<ucx_worker>> ucx_worker::create(
     return remote_detail::ucx_error(s, "UCX could not start (ucp_init)");
   }
   ucp_worker_params_t wp{};
-  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE | UCP_WORKER_PARAM_FIELD_CLIENT_ID;
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  // Sent with each connection (connect): the listener accepts it with the
+  // same peer error handling, which UCX requires of both ends.
+  wp.client_id = w->peer_failure_ ? 1 : 0;
   if (s = ucp_worker_create(w->context_, &wp, &w->worker_); s != UCS_OK) {
     w->worker_ = nullptr;
     return remote_detail::ucx_error(s, "UCX could not create a worker");
@@ -163,6 +176,8 @@ void ucx_worker::settle_closes() {
 }
 
 void ucx_worker::finalize() {
+  // No connection requests from here on.
+  if (listener_ != nullptr) ucp_listener_destroy(std::exchange(listener_, nullptr));
   if (worker_ != nullptr) {
     // An endpoint left open with a send under way (a reply endpoint, which
     // UCX made) is closed first: UCX 1.13 aborts the process when it

@@ -7,7 +7,10 @@
 //     descriptor that encodes back to exactly the input;
 //   - validation either refuses with an import_error that says "not
 //     consumed" and names a rule, or accepts a tensor whose every byte lies
-//     inside the registered region, with a remote key and an address;
+//     inside the region, with an exporter's address and port;
+//   - every piece plan that fits the tensor cuts pieces that lie inside
+//     the importer's buffer and, read from the exporter, inside the span
+//     (the first and last 32 pieces of each plan are checked);
 //   - nothing reads the tensor's (fake) address: ASan would report it;
 //   - no sanitizer report, no hang.
 #include <cstdio>
@@ -39,6 +42,34 @@ runtime& the_runtime() {
     return *std::move(r);
   }();
   return *rt;
+}
+
+void check_piece(const remote_detail::piece_walk& walk, const remote_detail::remote_plan& p,
+                 std::uint64_t i) {
+  const remote_detail::piece_range r = walk.at(i);
+  const std::uint64_t buffer = p.plan.byte_size;
+  if (r.offset > buffer || r.length > buffer - r.offset) fail("a piece past the buffer");
+  if (walk.plan() == remote_detail::piece_plan::gathered) return;
+  if (r.source < p.span_begin || r.source - p.span_begin > p.span_bytes ||
+      r.length > p.span_bytes - (r.source - p.span_begin)) {
+    fail("a piece read outside the span");
+  }
+}
+
+void check_pieces(const remote_descriptor& d, const remote_detail::remote_plan& p) {
+  using remote_detail::piece_plan;
+  for (piece_plan plan :
+       {piece_plan::whole, piece_plan::dense, piece_plan::runs, piece_plan::gathered}) {
+    if (!remote_detail::piece_walk::fits(d, p, plan)) continue;
+    const remote_detail::piece_walk walk(d, p, plan);
+    if (p.plan.element_count > 0 && walk.count() == 0) fail("a plan without pieces");
+    for (std::uint64_t i = 0; i < walk.count() && i < 32; ++i) check_piece(walk, p, i);
+    for (std::uint64_t i = walk.count() > 32 ? walk.count() - 32 : 0; i < walk.count(); ++i) {
+      check_piece(walk, p, i);
+    }
+  }
+  const piece_plan chosen = remote_detail::choose_plan(d, p, 16384);
+  if (!remote_detail::piece_walk::fits(d, p, chosen)) fail("the chosen plan does not fit");
 }
 
 }  // namespace
@@ -73,13 +104,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;
   }
   if (plan->plan.element_count > 0) {
-    if (d->rkey.empty()) fail("accepted without a remote key");
     if (plan->span_begin < d->region_begin) fail("span starts before the region");
     if (plan->span_bytes > d->region_bytes ||
         plan->span_begin - d->region_begin > d->region_bytes - plan->span_bytes) {
       fail("span ends after the region");
     }
   }
-  if (d->worker_address.empty()) fail("accepted without an address");
+  if (d->exporter_address.empty() || d->exporter_port == 0) fail("accepted without an exporter");
+  check_pieces(*d, *plan);
   return 0;
 }

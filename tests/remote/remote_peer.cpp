@@ -8,6 +8,8 @@
 //   deleted        -> "deleted <producer deleters run so far>"
 //   publications   -> "publications <n>"
 //   import <hex>   -> "started", later "imported ok" | "imported <code> <message>"
+//   secret <bytes> -> "secret <address>": a buffer of 'S' bytes that is never
+//                     published (what a forged descriptor must not reach)
 //   quit           -> shuts the node down, "bye <deleted>", exits 0
 //
 // Options: --transports=<UCX_TLS list>.
@@ -29,6 +31,7 @@ using namespace dlasync;
 
 std::mutex out_mutex;
 std::atomic<int> deleted{0};
+std::vector<unsigned char> secret;
 
 void say(const std::string& line) {
   std::lock_guard lock(out_mutex);
@@ -133,6 +136,11 @@ int main(int argc, char** argv) {
                          std::string(t.status().message()));
       });
       say("started");
+    } else if (command == "secret") {
+      std::size_t bytes = 0;
+      in >> bytes;
+      secret.assign(bytes, 'S');
+      say("secret " + std::to_string(reinterpret_cast<std::uintptr_t>(secret.data())));
     } else if (command == "quit") {
       (*node)->shutdown();
       say("bye " + std::to_string(deleted.load()));

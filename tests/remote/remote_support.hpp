@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -141,6 +142,15 @@ inline std::optional<std::uint64_t> first_mismatch(const unsigned char* bytes, s
     if (bytes[b] != expected_byte(layout, shape, elem, b, seed)) return b;
   }
   return std::nullopt;
+}
+
+// `n` bytes of a seeded generator: what a hostile peer sends, and what
+// the test expects of it.
+inline std::vector<unsigned char> pseudo_random(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::vector<unsigned char> v(n);
+  for (unsigned char& b : v) b = static_cast<unsigned char>(gen());
+  return v;
 }
 
 inline std::string to_hex(std::string_view bytes) {

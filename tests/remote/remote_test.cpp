@@ -20,6 +20,7 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
+#include "remote/remote_fixture.hpp"
 #include "remote/remote_support.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_runtime.hpp"
@@ -30,89 +31,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using testing::peer_process;
-
-struct importer {
-  std::unique_ptr<runtime> rt;
-  std::unique_ptr<remote_node> node;
-  ~importer() {
-    if (node) node->shutdown();
-    node.reset();
-    rt.reset();
-  }
-};
-
-std::unique_ptr<importer> make_importer(const std::string& transports, std::uint64_t budget = 0) {
-  auto i = std::make_unique<importer>();
-  i->rt = testing::make_runtime(2, budget);
-  remote_node_options o;
-  o.transports = transports;
-  o.import_timeout = 30s;
-  auto node = remote_node::create(*i->rt, o);
-  INFO(node.status().ToString());
-  REQUIRE(node.ok());
-  i->node = *std::move(node);
-  return i;
-}
-
-std::unique_ptr<peer_process> start_peer(const std::string& transports) {
-  auto p = std::make_unique<peer_process>(DLASYNC_REMOTE_PEER,
-                                          std::vector<std::string>{"--transports=" + transports});
-  REQUIRE(p->running());
-  std::optional<std::string> ready = p->read_line();
-  REQUIRE(ready);
-  REQUIRE(*ready == "ready");
-  return p;
-}
-
-std::string dtype_arg(const dtype& t) {
-  return std::to_string(t.code) + ":" + std::to_string(t.bits) + ":" + std::to_string(t.lanes);
-}
-
-remote_descriptor descriptor_from(const std::optional<std::string>& line) {
-  REQUIRE(line);
-  INFO(*line);
-  REQUIRE(line->rfind("descriptor ", 0) == 0);
-  absl::StatusOr<remote_descriptor> d =
-      remote_descriptor::decode(testing::from_hex(line->substr(11)));
-  REQUIRE(d.ok());
-  return *d;
-}
-
-absl::StatusOr<tensor> import_now(remote_node& node, const remote_descriptor& d,
-                                  const import_options& o = {}) {
-  std::future<absl::StatusOr<tensor>> f = async_import_remote(node, d, o, asio::use_future);
-  REQUIRE(f.wait_for(60s) == std::future_status::ready);
-  return f.get();
-}
-
-int peer_count(peer_process& p, const std::string& what) {
-  std::optional<std::string> line = p.ask(what);
-  REQUIRE(line);
-  REQUIRE(line->rfind(what + " ", 0) == 0);
-  return std::stoi(line->substr(what.size() + 1));
-}
-
-bool peer_reaches(peer_process& p, const std::string& what, int value) {
-  const auto until = std::chrono::steady_clock::now() + 20s;
-  while (std::chrono::steady_clock::now() < until) {
-    if (peer_count(p, what) == value) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return false;
-}
-
-void check_bytes(const tensor& t, const std::string& layout, const std::vector<std::int64_t>& shape,
-                 const dtype& type, unsigned seed) {
-  REQUIRE(t.is_copy());
-  REQUIRE(t.is_compact());
-  REQUIRE(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()) == shape);
-  REQUIRE(t.dtype() == type);
-  const std::optional<std::uint64_t> bad =
-      testing::first_mismatch(static_cast<const unsigned char*>(t.data()), t.byte_size(), layout,
-                              shape, type.padded_size(), seed);
-  INFO("first wrong byte: " << (bad ? std::to_string(*bad) : "none"));
-  REQUIRE_FALSE(bad.has_value());
-}
 
 std::vector<std::int64_t> shape_for(const std::string& layout, const dtype& type) {
   if (layout == "wide_rows") return {4, static_cast<std::int64_t>(32768 / type.padded_size())};
@@ -179,63 +97,6 @@ TEST_CASE("every dtype and layout crosses from another process intact", "[remote
   REQUIRE(peer->ask("quit") == "bye " + std::to_string(published));
   REQUIRE(peer->wait_exit() == 0);
 }
-
-}  // namespace dlasync
-
-namespace dlasync {
-namespace {
-
-// Two nodes in this process, each on its own runtime: one exports, the
-// other imports (UCX connects them as it would two processes).
-struct node_pair {
-  std::unique_ptr<importer> exporter = make_importer("");
-  std::unique_ptr<importer> importer_ = make_importer("");
-  remote_node& out() { return *exporter->node; }
-  remote_node& in() { return *importer_->node; }
-};
-
-// A host tensor of the pattern owned by the test, published with a
-// counting deleter.
-struct published_tensor {
-  std::shared_ptr<testing::laid_out> memory;
-  testing::deleter_count count;
-  remote_descriptor descriptor;
-};
-
-std::unique_ptr<published_tensor> publish_here(remote_node& node, const std::string& layout,
-                                               std::vector<std::int64_t> shape,
-                                               const publish_options& o = {}, unsigned seed = 1,
-                                               dtype type = dtypes::float32) {
-  auto p = std::make_unique<published_tensor>();
-  p->memory = std::make_shared<testing::laid_out>(
-      testing::lay_out(layout, std::move(shape), type.padded_size(), seed));
-  testing::tensor_spec spec;
-  spec.type = type;
-  spec.shape = p->memory->shape;
-  spec.strides = p->memory->strides;
-  spec.data = p->memory->data();
-  spec.byte_offset = p->memory->byte_offset;
-  managed_tensor t = testing::make_tensor(spec, p->count);
-  absl::StatusOr<remote_descriptor> d = node.publish(t, o);
-  INFO(d.status().ToString());
-  REQUIRE(d.ok());
-  REQUIRE(t.empty());  // consumed
-  p->descriptor = *d;
-  return p;
-}
-
-void require_refused(const absl::StatusOr<tensor>& t, absl::StatusCode code,
-                     const std::string& rule, const std::string& words) {
-  INFO(t.status().ToString());
-  REQUIRE_FALSE(t.ok());
-  REQUIRE(t.status().code() == code);
-  REQUIRE_THAT(std::string(t.status().message()), Catch::Contains(words));
-  std::optional<import_error> why = import_error_of(t.status());
-  REQUIRE(why);
-  REQUIRE(why->rule == rule);
-}
-
-}  // namespace
 
 TEST_CASE("a 256 MiB tensor crosses from another process intact", "[remote][ucx][large]") {
   const std::string transports = GENERATE(std::string("shm"), std::string("tcp"));
@@ -623,14 +484,17 @@ TEST_CASE("an imported tensor can be published on, and lands on a simulated GPU"
 
 namespace dlasync {
 
-TEST_CASE("the bytes arrive the same by RMA get and by active messages", "[remote][fetch]") {
+TEST_CASE("the bytes arrive the same by RMA get between trusted peers and as the exporter's pieces",
+          "[remote][fetch]") {
   const remote_fetch fetch = GENERATE(remote_fetch::rma, remote_fetch::active_messages);
   INFO("fetch " << static_cast<int>(fetch));
-  auto out = make_importer("");
+  const bool trusted = fetch == remote_fetch::rma;
+  auto out = make_importer("", 0, trusted);
   auto in = std::make_unique<importer>();
   in->rt = testing::make_runtime(2);
   remote_node_options o;
   o.fetch = fetch;
+  o.trusted_peers = trusted;
   in->node = *remote_node::create(*in->rt, o);
   unsigned seed = 40;
   for (const std::string& layout : testing::layouts()) {
@@ -648,6 +512,29 @@ TEST_CASE("the bytes arrive the same by RMA get and by active messages", "[remot
       REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
     }
   }
+}
+
+}  // namespace dlasync
+
+namespace dlasync {
+
+TEST_CASE("nodes with different transport lists connect, and the bytes arrive",
+          "[remote][transports]") {
+  // A shared-memory list has no peer error handling; UCX refuses an
+  // endpoint whose ends disagree on it, so the listener takes the
+  // connecting node's choice.
+  const auto [exporting, importing] = GENERATE(std::pair<std::string, std::string>{"shm", ""},
+                                               std::pair<std::string, std::string>{"", "shm"},
+                                               std::pair<std::string, std::string>{"tcp", "shm"});
+  INFO("exporter " << exporting << ", importer " << importing);
+  auto out = make_importer(exporting);
+  auto in = make_importer(importing);
+  auto p = publish_here(*out->node, "transposed", {64, 48});
+  absl::StatusOr<tensor> t = import_now(*in->node, p->descriptor);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  check_bytes(*t, "transposed", {64, 48}, dtypes::float32, 1);
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
 }
 
 }  // namespace dlasync

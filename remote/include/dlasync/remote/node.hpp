@@ -6,24 +6,29 @@
 // thread spins, and no thread of its own waits. A runtime has at most one
 // node; the node must be destroyed (or shut down) before its runtime.
 //
-// Exporting. `publish` takes an imported tensor or a DLPack managed tensor,
-// registers the memory its strides reach with UCX (ucp_mem_map) and returns a
-// `remote_descriptor` (descriptor.hpp) that any channel can carry. The
-// publication is a lease: the tensor stays alive, and its producer's deleter
-// waits, until `importers` importers have fetched it and released their
-// hold (a UCX active message), or until the lease ends, or until the node
-// shuts down, whichever comes first. Then the memory is unregistered and the
-// producer's deleter runs, exactly once.
+// Exporting. `publish` takes an imported tensor or a DLPack managed tensor
+// and returns a `remote_descriptor` (descriptor.hpp) that any channel can
+// carry; importers connect to the node's listener (an address and a port
+// the descriptor names). The publication is a lease: the tensor stays
+// alive, and its producer's deleter waits, until `importers` importers have
+// held it and released their hold, or until the lease ends, or until the
+// node shuts down, whichever comes first, and until no byte of it is still
+// on its way. Then the producer's deleter runs, exactly once. A hold is
+// granted to one importer's connection with a secret: no one else can
+// release it. The exporter sends the tensor's bytes itself, cut from its
+// own record of the tensor; an importer never names an address it reads
+// (docs/security.md).
 //
 // Importing. `async_import_remote` (and the awaitable `import_remote`)
-// validates a descriptor exactly as a local import validates a tensor, asks
-// the exporter for a hold on the lease, moves the bytes with UCX (an RMA get
-// where the endpoint has a native RMA lane, else active messages that the
-// exporter answers with the bytes) into host memory from the runtime's copy
-// budget, releases the hold, and lands the tensor on
-// `options.target`: a compact host copy owned by dlasync, or a GPU copy made
-// from it by a local import (the staging pipeline), since Debian's UCX has
-// no CUDA transports. docs/remote.md has the contract.
+// validates a descriptor exactly as a local import validates a tensor,
+// connects to the exporter, asks for a hold on the lease, receives the
+// bytes into host memory from the runtime's copy budget (checking every
+// piece against the descriptor before it writes it), releases the hold,
+// and lands the tensor on `options.target`: a compact host copy owned by
+// dlasync, or a GPU copy made from it by a local import (the staging
+// pipeline), since Debian's UCX has no CUDA transports. Between trusted
+// peers the importer may read the bytes by RMA get instead.
+// docs/remote.md has the contract.
 //
 // Example, both sides:
 //
@@ -57,32 +62,53 @@ namespace dlasync {
 
 // How an importer moves the bytes (see docs/remote.md).
 enum class remote_fetch : std::uint8_t {
-  // RMA get over endpoints where UCX has a native RMA lane (cma over shared
-  // memory), active messages elsewhere (TCP), where UCX 1.13 would emulate
-  // the get in a way that aborts the exporter when its importer is lost.
+  // The exporter sends the bytes (active messages, UCX's rendezvous for
+  // large ones), except between trusted peers (trusted_peers on both
+  // nodes, a descriptor with a remote key) over an endpoint where UCX has a
+  // native RMA lane (cma over shared memory), where RMA gets read them.
   automatic,
-  // Always RMA get (UCX emulates it where a transport has none).
+  // Always RMA gets (UCX emulates them where a transport has no lane):
+  // requires trusted_peers, and descriptors from exporters that trust their
+  // peers too.
   rma,
-  // Always active messages: the exporter sends each piece, as UCX's
-  // rendezvous for large ones.
+  // Always the exporter sends the bytes.
   active_messages,
 };
 
 struct remote_node_options {
   // UCX transports (UCX_TLS's syntax: "shm", "tcp", "sm,tcp"); empty keeps
-  // UCX's choice (and the UCX_TLS environment variable).
+  // UCX's choice (and the UCX_TLS environment variable). A shared-memory
+  // list gets tcp for UCX's connection manager (ucx_worker::create).
   std::string transports;
+  // Where this node listens for importers' connections: a numeric IPv4 or
+  // IPv6 address of this host that the importers reach (127.0.0.1 serves
+  // this host's processes only), and a port (0: a free one). Descriptors
+  // name this address and port. Empty: no listener; the node imports but
+  // cannot publish.
+  std::string listen_address = "127.0.0.1";
+  std::uint16_t listen_port = 0;
+  // The most importers connected to the listener at once; more are
+  // refused until one goes. At least 1.
+  std::uint32_t max_connections = 1024;
+  // Whether this node trusts its peers with its whole memory. Then its UCX
+  // context has RMA, its publications are registered and their descriptors
+  // carry a remote key, and its imports may read by RMA get. UCX's RMA lets
+  // every connected peer read and write any memory of the process (its
+  // software RMA over active messages checks no registration), so leave it
+  // off unless every process that can reach the node is trusted.
+  bool trusted_peers = false;
   // How long an import may wait for its exporter (the hold, then each byte
   // of the transfer) before it fails with DeadlineExceeded.
   std::chrono::milliseconds import_timeout{std::chrono::seconds(60)};
   // How imports from this node move the bytes.
   remote_fetch fetch = remote_fetch::automatic;
-  // A strided tensor is fetched run by run (one get or request per
-  // contiguous run, straight into the compact result) when its runs are at
-  // least this long and there are at most 65,536 of them; else as the whole
-  // span its strides reach, compacted here afterwards. 0 chooses by path, as
-  // measured (docs/remote.md): 4 KiB for RMA gets, 16 KiB for active
-  // messages.
+  // A strided tensor's contiguous runs are sent (as this node exports) or
+  // read (RMA, as it imports) one by one, straight into the compact result,
+  // when they are at least this long and there are at most 65,536 of them.
+  // Otherwise an exporter sends a compact copy it makes (or the span, when
+  // the span holds each element once), and an RMA import reads the span
+  // and compacts it. 0 chooses as measured (docs/remote.md): 16 KiB for
+  // sent runs, 4 KiB for RMA gets.
   std::uint64_t min_run_bytes = 0;
 };
 
@@ -107,9 +133,10 @@ class remote_node {
  public:
   using executor_type = runtime::executor_type;
 
-  // InvalidArgument for a bad option; Unavailable when UCX cannot start (its
-  // message names UCX's status); FailedPrecondition when `rt` already has a
-  // node or is shutting down.
+  // InvalidArgument for a bad option (fetch = rma without trusted_peers,
+  // max_connections = 0, a listen address that is not numeric); Unavailable
+  // when UCX cannot start or listen (its message names UCX's status);
+  // FailedPrecondition when `rt` already has a node or is shutting down.
   static absl::StatusOr<std::unique_ptr<remote_node>> create(runtime& rt,
                                                              remote_node_options options = {});
 
@@ -128,7 +155,8 @@ class remote_node {
   // as plan_import says; Unimplemented for GPU memory, which Debian's UCX
   // cannot register (import it onto cpu:0 and publish that);
   // InvalidArgument for importers = 0 or a lease not above zero;
-  // Unavailable after shutdown; Internal when UCX refuses the registration.
+  // Unavailable after shutdown; FailedPrecondition when the node does not
+  // listen; Internal when UCX refuses the registration (trusted peers).
   absl::StatusOr<remote_descriptor> publish(managed_tensor& source,
                                             const publish_options& options = {});
   absl::StatusOr<remote_descriptor> publish(const tensor& source,
@@ -138,6 +166,12 @@ class remote_node {
   std::size_t publications() const;
   // Remote imports in flight.
   std::size_t imports_in_flight() const;
+  // Importers connected to this node's listener.
+  std::size_t connections() const;
+  // Where this node listens (descriptors name it): its address and port;
+  // empty and 0 without a listener.
+  std::string listen_address() const;
+  std::uint16_t listen_port() const;
   // The transports UCX chose for this node's worker, as UCX names them.
   std::string transports() const;
 

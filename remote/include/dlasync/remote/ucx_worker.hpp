@@ -43,11 +43,26 @@
 
 namespace dlasync {
 
+// What a ucx_worker's UCX context offers beyond active messages.
+struct ucx_features {
+  // UCP_FEATURE_RMA. UCX then lets every connected peer read and write any
+  // memory of this process through its software RMA (over TCP, and over any
+  // transport with active messages), registered or not: only for peers
+  // trusted with the whole process.
+  bool rma = false;
+};
+
 class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
  public:
-  // `transports`: UCX_TLS's syntax, or empty for UCX's choice.
+  using features = ucx_features;
+  // `transports`: UCX_TLS's syntax, or empty for UCX's choice. A list of
+  // shared-memory transports only (shm, sm, posix, sysv, cma, knem, xpmem,
+  // self) gets tcp added for UCX's connection manager (listen, connect),
+  // and its endpoints go without peer error handling, which UCX 1.13's
+  // shared-memory transports lack.
   static absl::StatusOr<std::shared_ptr<ucx_worker>> create(const asio::any_io_executor& executor,
-                                                            const std::string& transports);
+                                                            const std::string& transports,
+                                                            features f = {});
   ucx_worker(const ucx_worker&) = delete;
   ucx_worker& operator=(const ucx_worker&) = delete;
   // Requires stop() first. The watch holds only a weak reference, so the
@@ -61,6 +76,34 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   const std::string& address() const noexcept { return address_; }
   // Whether this UCX can register CUDA device memory.
   bool cuda_memory() const noexcept { return cuda_memory_; }
+  // Whether UCP_FEATURE_RMA is on (features::rma).
+  bool rma() const noexcept { return rma_; }
+  // Whether endpoints ask UCX for peer error handling (a lost peer is
+  // reported): not for shared-memory-only transport lists.
+  bool peer_failure() const noexcept { return peer_failure_; }
+
+  // Connections through UCX's TCP connection manager: an address and a
+  // port to listen on or connect to, never a peer's packed worker address
+  // (UCX's parsers of those are not made for hostile bytes). The peer's
+  // endpoint is `ep` in an active message's reply_ep when it was sent with
+  // UCP_AM_SEND_FLAG_REPLY. Errors on an endpoint go to `on_error` with
+  // `arg`, when set. All require the mutex.
+  //
+  // Listens on `address` (numeric IPv4 or IPv6) and `port` (0: a free one);
+  // each connection request goes to `on_request`, which accepts (accept)
+  // or rejects (reject) it. Returns the port. InvalidArgument for an
+  // address that is not numeric, Unavailable when UCX cannot listen there;
+  // FailedPrecondition when this worker listens already.
+  absl::StatusOr<std::uint16_t> listen(const std::string& address, std::uint16_t port,
+                                       ucp_listener_conn_callback_t on_request, void* arg);
+  absl::StatusOr<ucp_ep_h> accept(ucp_conn_request_h request, ucp_err_handler_cb_t on_error,
+                                  void* arg);
+  void reject(ucp_conn_request_h request);
+  // An endpoint to the listener at `address`:`port`. InvalidArgument for an
+  // address that is not numeric or port 0; Unavailable when UCX cannot
+  // start the connection (a refused one is reported later, to on_error).
+  absl::StatusOr<ucp_ep_h> connect(const std::string& address, std::uint16_t port,
+                                   ucp_err_handler_cb_t on_error, void* arg);
   // The transports UCX uses here (ucp_worker_print_info's list).
   std::string transports() const;
 
@@ -128,6 +171,7 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
 
  private:
   ucx_worker() = default;
+  static bool shared_memory_only(const std::string& transports);
   absl::Status claim_am_ids();
   static ucs_status_t on_unclaimed(void* arg, const void* header, std::size_t header_length,
                                    void* data, std::size_t length,
@@ -152,6 +196,9 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   ucp_worker_h worker_ = nullptr;
   std::string address_;
   bool cuda_memory_ = false;
+  bool rma_ = false;
+  bool peer_failure_ = true;
+  ucp_listener_h listener_ = nullptr;
   std::uint64_t dropped_ = 0;
   bool stopped_ = false;
   bool progressing_ = false;

@@ -1,0 +1,173 @@
+// A remote import's bytes: the pieces its exporter sends, each checked
+// against the descriptor before a byte of it is written, or, between
+// trusted peers, the RMA gets the import issues itself.
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "remote/src/remote_core.hpp"
+#include "remote/src/remote_import.hpp"
+
+namespace dlasync::detail {
+namespace {
+
+using remote_detail::piece_plan;
+
+bool known_plan(std::uint8_t plan) {
+  switch (static_cast<piece_plan>(plan)) {
+    case piece_plan::whole:
+    case piece_plan::dense:
+    case piece_plan::runs:
+    case piece_plan::gathered: return true;
+    case piece_plan::none: return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool remote_import::adopt_plan_locked(std::uint8_t plan, std::uint64_t count) {
+  if (walk_) return static_cast<std::uint8_t>(walk_->plan()) == plan && walk_->count() == count;
+  if (!known_plan(plan)) return false;
+  const auto kind = static_cast<piece_plan>(plan);
+  if (!remote_detail::piece_walk::fits(descriptor_, plan_, kind)) return false;
+  remote_detail::piece_walk walk(descriptor_, plan_, kind);
+  if (walk.count() != count) return false;
+  walk_.emplace(std::move(walk));
+  piece_seen_.assign(count, false);
+  layout_ = kind == piece_plan::dense ? layout::span : layout::compact;
+  return true;
+}
+
+void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, std::size_t length,
+                                    const ucp_am_recv_param_t* param) {
+  const ucp_ep_h from =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  // Only from the exporter asked, only while the bytes are wanted; anything
+  // else is dropped (UCX completes a dropped rendezvous for its sender).
+  if (endpoint_ == nullptr || from != endpoint_->ep || rma_ || !hold_requested_ || finished_) {
+    return;
+  }
+  if (!adopt_plan_locked(m.plan, m.count) || m.index >= m.count || piece_seen_[m.index]) {
+    return fail_locked(absl::DataLossError(absl::StrCat(
+        "the exporter sent piece ", m.index, " of ", m.count, " (kind ", m.plan, ") of lease ",
+        descriptor_.lease_id,
+        ", which this import did not expect: a piece twice, or a plan that does not fit the "
+        "descriptor")));
+  }
+  piece_seen_[m.index] = true;
+  if (m.code != 0) {
+    return fail_locked(absl::Status(
+        peer_code(m.code), absl::StrCat("the exporter could not send lease ", descriptor_.lease_id,
+                                        "'s bytes; it may be short of memory, or shutting down")));
+  }
+  const remote_detail::piece_range expected = walk_->at(m.index);
+  if (m.offset != expected.offset || m.length != expected.length || length != expected.length ||
+      expected.offset > fetch_bytes_ || expected.length > fetch_bytes_ - expected.offset) {
+    return fail_locked(absl::DataLossError(
+        absl::StrCat("the exporter's piece ", m.index, " of lease ", descriptor_.lease_id,
+                     " holds ", length, " bytes for offset ", m.offset, "; the descriptor puts ",
+                     expected.length, " bytes at offset ", expected.offset)));
+  }
+  void* dest = static_cast<unsigned char*>(buffer_.data()) + expected.offset;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+    if (length > 0) std::memcpy(dest, data, length);
+    ++pieces_done_;
+    return advance_locked();
+  }
+  ++writes_in_flight_;
+  keep_alive_ = shared_from_this();
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = &remote_import::on_received;
+  rp.user_data = this;
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(core_->ucx().worker(), data, dest, length, &rp);
+  if (r == nullptr) return write_done_locked(UCS_OK);
+  if (UCS_PTR_IS_ERR(r)) return write_done_locked(UCS_PTR_STATUS(r));
+}
+
+void remote_import::on_received(void* request, ucs_status_t status, std::size_t, void* user_data) {
+  ucp_request_free(request);
+  static_cast<remote_import*>(user_data)->write_done_locked(status);
+}
+
+void remote_import::on_get(void* request, ucs_status_t status, void* user_data) {
+  ucp_request_free(request);
+  static_cast<remote_import*>(user_data)->write_done_locked(status);
+}
+
+void remote_import::write_done_locked(ucs_status_t status) {
+  // The last write may hold the last reference.
+  std::shared_ptr<remote_import> self = shared_from_this();
+  if (writes_in_flight_ > 0) --writes_in_flight_;
+  if (status == UCS_OK) {
+    ++pieces_done_;
+  } else if (failure_.ok()) {
+    absl::Status why = remote_detail::ucx_error(
+        status, absl::StrCat("fetching lease ", descriptor_.lease_id,
+                             " from its exporter failed; the exporter went away or the transfer "
+                             "broke"));
+    // A lost peer, whatever UCX calls it, is Unavailable.
+    if (why.code() == absl::StatusCode::kDeadlineExceeded ||
+        why.code() == absl::StatusCode::kInternal) {
+      why = absl::UnavailableError(why.message());
+    }
+    failure_ = std::move(why);
+  }
+  if (writes_in_flight_ == 0 && !rma_issuing_) keep_alive_.reset();
+  advance_locked();
+}
+
+void remote_import::advance_locked() {
+  if (finished_) return fail_locked(absl::OkStatus());
+  if (!failure_.ok()) return fail_locked(failure_);
+  if (!hold_granted_ || writes_in_flight_ > 0 || rma_issuing_) return;
+  if (!rma_ && (!walk_ || pieces_done_ < walk_->count())) return;
+  fetched_locked();
+}
+
+void remote_import::fetch_rma_locked() {
+  const import_plan& p = plan_.plan;
+  if (p.element_count == 0) return advance_locked();
+  // Unpacked now that the connection is up: a key is only as good as the
+  // endpoint's transports. Between trusted peers only: UCX's parser of
+  // keys is not made for hostile bytes.
+  if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, descriptor_.rkey.data(), &rkey_);
+      s != UCS_OK) {
+    rkey_ = nullptr;
+    return fail_locked(remote_detail::ucx_error(
+        s, "the descriptor's remote key cannot be unpacked; it is corrupt or from another UCX"));
+  }
+  keep_alive_ = shared_from_this();
+  rma_issuing_ = true;  // held until every get is issued
+  auto* out = static_cast<unsigned char*>(buffer_.data());
+  if (layout_ == layout::span) {
+    get_locked(plan_.span_begin, out, fetch_bytes_);
+  } else if (p.compact) {
+    get_locked(p.address, out, fetch_bytes_);
+  } else {
+    const remote_detail::piece_walk runs(descriptor_, plan_, piece_plan::runs);
+    for (std::uint64_t i = 0; i < runs.count() && failure_.ok(); ++i) {
+      const remote_detail::piece_range r = runs.at(i);
+      get_locked(r.source, out + r.offset, r.length);
+    }
+  }
+  rma_issuing_ = false;
+  core_->ucx().progress();
+  if (writes_in_flight_ == 0) keep_alive_.reset();
+  std::shared_ptr<remote_import> self = shared_from_this();
+  advance_locked();
+}
+
+void remote_import::get_locked(std::uint64_t remote, void* local, std::uint64_t bytes) {
+  ++writes_in_flight_;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &remote_import::on_get;
+  param.user_data = this;
+  ucs_status_ptr_t r = ucp_get_nbx(endpoint_->ep, local, bytes, remote, rkey_, &param);
+  if (r == nullptr) return write_done_locked(UCS_OK);
+  if (UCS_PTR_IS_ERR(r)) return write_done_locked(UCS_PTR_STATUS(r));
+}
+
+}  // namespace dlasync::detail

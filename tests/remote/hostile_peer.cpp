@@ -1,0 +1,340 @@
+// A hostile peer for the remote-import tests: a UCX worker of its own that
+// speaks dlasync's protocol wrongly on purpose, driven by lines on stdin,
+// answering on stdout. It never uses dlasync's node: every byte it sends is
+// chosen here.
+//
+// As an importer, after `connect <address> <port>` (an exporter's listener):
+//   hold <hex descriptor> <send_bytes> <tamper 0|1>
+//       -> "reply <code> <hold_id> <secret> <plan> <pieces> <bytes received>"
+//          (tamper: the digest of a descriptor whose shape was changed)
+//   release <lease> <hold_id> <secret> -> "sent"
+//   forge_releases <lease> <n>  -> "sent": n releases with guessed holds
+//   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
+//       -> "sent": one message of pseudo-random bytes
+//   every_id <header bytes> <data bytes> -> "sent <n>": one message per id
+//   stall       -> "stalled": the worker is never progressed again
+// As an exporter:
+//   listen <mode> <bytes> -> "listening <port>"; each hold request is
+//       answered as <mode> says, for a tensor of <bytes> bytes:
+//       huge_remaining  a grant with 2^63 us left, then the right piece
+//       bad_pieces      a grant, then pieces out of range, of the wrong
+//                       length, and twice
+//       garbage         a refusal with an unknown code and no NUL
+//       silent          no answer
+//       every_id        every active-message id back, no answer
+// quit -> "bye", exits 0. Options: --transports=<UCX_TLS list>.
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asio/executor_work_guard.hpp"
+#include "asio/io_context.hpp"
+#include "dlasync/remote/descriptor.hpp"
+#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/remote_support.hpp"
+#include "remote/src/plan_remote.hpp"
+#include "remote/src/protocol.hpp"
+
+namespace {
+
+using namespace dlasync;
+using namespace dlasync::remote_detail;
+
+// The answers' stream: stdout as it was when the process started. UCX
+// prints its log lines on stdout, which main() points at stderr.
+FILE* answers = stdout;
+
+void say(const std::string& line) {
+  std::fprintf(answers, "%s\n", line.c_str());
+  std::fflush(answers);
+}
+
+struct peer {
+  asio::io_context io;
+  std::shared_ptr<ucx_worker> ucx;
+  std::thread runner;
+  ucp_ep_h ep = nullptr;  // to the exporter, or the last importer
+  std::string mode;
+  std::uint64_t bytes = 0;
+  std::vector<unsigned char> tensor;  // what this exporter "publishes"
+  // The last hold reply, and the pieces' bytes that came.
+  std::atomic<bool> replied{false};
+  hold_reply reply;
+  std::atomic<std::uint64_t> received{0};
+
+  static ucs_status_t on_reply(void* arg, const void* header, std::size_t length, void*,
+                               std::size_t, const ucp_am_recv_param_t*) {
+    auto* self = static_cast<peer*>(arg);
+    if (length == sizeof(hold_reply)) {
+      std::memcpy(&self->reply, header, sizeof(hold_reply));
+      self->replied = true;
+    }
+    return UCS_OK;
+  }
+  static ucs_status_t on_piece(void* arg, const void*, std::size_t, void*, std::size_t length,
+                               const ucp_am_recv_param_t*) {
+    static_cast<peer*>(arg)->received += length;
+    return UCS_OK;  // a rendezvous is dropped, and completed for its sender
+  }
+  static void on_connection(ucp_conn_request_h request, void* arg) {
+    auto* self = static_cast<peer*>(arg);
+    absl::StatusOr<ucp_ep_h> ep = self->ucx->accept(request, nullptr, nullptr);
+    if (ep.ok()) self->ep = *ep;
+  }
+  static ucs_status_t on_request(void* arg, const void* header, std::size_t length, void*,
+                                 std::size_t, const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<peer*>(arg);
+    if (length != sizeof(hold_request) ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
+      return UCS_OK;
+    }
+    hold_request m;
+    std::memcpy(&m, header, sizeof(m));
+    self->answer(m, param->reply_ep);
+    return UCS_OK;
+  }
+
+  void send(ucp_ep_h to, unsigned id, const void* header, std::size_t header_bytes,
+            const void* data, std::size_t data_bytes) {
+    ucx_worker::am_message msg;
+    msg.id = id;
+    const auto* h = static_cast<const std::byte*>(header);
+    msg.bytes.assign(h, h + header_bytes);
+    if (data_bytes > 0) {
+      const auto* d = static_cast<const std::byte*>(data);
+      msg.bytes.insert(msg.bytes.end(), d, d + data_bytes);
+    }
+    msg.header_bytes = header_bytes;
+    msg.reply = true;
+    (void)ucx->send_am(to, std::move(msg));
+  }
+
+  // Under the worker's lock (a UCX callback).
+  void answer(const hold_request& m, ucp_ep_h to) {
+    hold_reply r;
+    r.request_id = m.request_id;
+    piece p;
+    p.request_id = m.request_id;
+    p.plan = static_cast<std::uint8_t>(piece_plan::whole);
+    p.count = 1;
+    p.length = bytes;
+    if (mode == "huge_remaining") {
+      r.hold_id = 1;
+      r.secret = 2;
+      r.remaining_us = std::uint64_t{1} << 63;
+      r.plan = p.plan;
+      r.pieces = 1;
+      send(to, am_hold_reply, &r, sizeof(r), nullptr, 0);
+      send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
+    } else if (mode == "bad_pieces") {
+      r.hold_id = 1;
+      r.secret = 2;
+      r.remaining_us = 10'000'000;
+      r.plan = p.plan;
+      r.pieces = 1;
+      send(to, am_hold_reply, &r, sizeof(r), nullptr, 0);
+      piece far = p;
+      far.index = 5;  // out of range
+      send(to, am_piece, &far, sizeof(far), tensor.data(), tensor.size());
+      piece longer = p;
+      longer.length = bytes + 4096;  // more than the buffer
+      std::vector<unsigned char> more(bytes + 4096, 0xAA);
+      send(to, am_piece, &longer, sizeof(longer), more.data(), more.size());
+      piece offset = p;
+      offset.offset = std::uint64_t{1} << 62;
+      send(to, am_piece, &offset, sizeof(offset), tensor.data(), tensor.size());
+      send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
+      send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());  // twice
+    } else if (mode == "garbage") {
+      r.code = 12345;
+      std::memset(r.message, 'G', sizeof(r.message));  // no NUL
+      send(to, am_hold_reply, &r, sizeof(r), nullptr, 0);
+    } else if (mode == "every_id") {
+      std::vector<unsigned char> junk(64, 0x5A);
+      for (unsigned id = 0; id < ucx_worker::max_am_ids; ++id) {
+        send(to, id, junk.data(), id % 3 == 0 ? 0 : junk.size(), junk.data(), junk.size());
+        if (id % 256 == 255) ucx->progress();
+      }
+    }
+    // silent: no answer.
+    ucx->progress();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  answers = fdopen(dup(STDOUT_FILENO), "w");
+  dup2(STDERR_FILENO, STDOUT_FILENO);
+  std::string transports;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--transports=", 0) == 0) transports = a.substr(13);
+  }
+  peer p;
+  auto work = asio::make_work_guard(p.io);
+  auto w = ucx_worker::create(p.io.get_executor(), transports);
+  if (!w.ok()) {
+    say("error " + std::string(w.status().message()));
+    return 1;
+  }
+  p.ucx = *std::move(w);
+  {
+    std::lock_guard lock(p.ucx->mutex());
+    (void)p.ucx->set_am_handler(am_hold_reply, &peer::on_reply, &p);
+    (void)p.ucx->set_am_handler(am_piece, &peer::on_piece, &p);
+    (void)p.ucx->set_am_handler(am_hold_request, &peer::on_request, &p);
+  }
+  p.ucx->start();
+  p.runner = std::thread([&p] { p.io.run(); });
+  say("ready");
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string command;
+    in >> command;
+    if (command == "connect") {
+      std::string address;
+      std::uint16_t port = 0;
+      in >> address >> port;
+      std::lock_guard lock(p.ucx->mutex());
+      absl::StatusOr<ucp_ep_h> ep = p.ucx->connect(address, port, nullptr, nullptr);
+      if (!ep.ok()) {
+        say("error " + std::string(ep.status().message()));
+        continue;
+      }
+      p.ep = *ep;
+      say("connected");
+    } else if (command == "hold") {
+      std::string hex;
+      int send_bytes = 1;
+      int tamper = 0;
+      in >> hex >> send_bytes >> tamper;
+      absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(testing::from_hex(hex));
+      if (!d.ok()) {
+        say("error " + std::string(d.status().message()));
+        continue;
+      }
+      hold_request m;
+      m.send_bytes = static_cast<std::uint8_t>(send_bytes);
+      m.lease_id = d->lease_id;
+      m.request_id = 77;
+      if (tamper != 0) d->shape[0] += 1;
+      m.digest = description_digest(*d);
+      p.replied = false;
+      p.received = 0;
+      {
+        std::lock_guard lock(p.ucx->mutex());
+        p.send(p.ep, am_hold_request, &m, sizeof(m), nullptr, 0);
+        p.ucx->progress();
+      }
+      for (int i = 0; i < 20000 && !p.replied; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (!p.replied) {
+        say("no reply");
+        continue;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pieces, if any
+      const hold_reply& r = p.reply;
+      say("reply " + std::to_string(r.code) + " " + std::to_string(r.hold_id) + " " +
+          std::to_string(r.secret) + " " + std::to_string(r.plan) + " " + std::to_string(r.pieces) +
+          " " + std::to_string(p.received.load()));
+    } else if (command == "release") {
+      hold_release m;
+      in >> m.lease_id >> m.hold_id >> m.secret;
+      std::lock_guard lock(p.ucx->mutex());
+      p.send(p.ep, am_hold_release, &m, sizeof(m), nullptr, 0);
+      p.ucx->progress();
+      say("sent");
+    } else if (command == "forge_releases") {
+      std::uint64_t lease = 0;
+      int n = 0;
+      in >> lease >> n;
+      std::mt19937_64 gen(7);
+      for (int i = 0; i < n; ++i) {
+        hold_release m;
+        m.lease_id = lease;
+        m.hold_id = static_cast<std::uint64_t>(i % 8);
+        m.secret = i % 2 == 0 ? 0 : gen();
+        std::lock_guard lock(p.ucx->mutex());
+        p.send(p.ep, am_hold_release, &m, sizeof(m), nullptr, 0);
+        if (i % 64 == 63) p.ucx->progress();
+      }
+      std::lock_guard lock(p.ucx->mutex());
+      p.ucx->progress();
+      say("sent");
+    } else if (command == "send") {
+      unsigned id = 0;
+      int reply = 1;
+      std::size_t header_bytes = 0;
+      std::size_t data_bytes = 0;
+      unsigned seed = 0;
+      in >> id >> reply >> header_bytes >> data_bytes >> seed;
+      const std::vector<unsigned char> bytes =
+          testing::pseudo_random(header_bytes + data_bytes, seed);
+      ucx_worker::am_message msg;
+      msg.id = id;
+      msg.bytes.assign(reinterpret_cast<const std::byte*>(bytes.data()),
+                       reinterpret_cast<const std::byte*>(bytes.data()) + bytes.size());
+      msg.header_bytes = header_bytes;
+      msg.reply = reply != 0;
+      std::lock_guard lock(p.ucx->mutex());
+      (void)p.ucx->send_am(p.ep, std::move(msg));
+      p.ucx->progress();
+      say("sent");
+    } else if (command == "every_id") {
+      std::size_t header_bytes = 0;
+      std::size_t data_bytes = 0;
+      in >> header_bytes >> data_bytes;
+      const std::vector<unsigned char> bytes = testing::pseudo_random(header_bytes + data_bytes, 3);
+      std::uint64_t n = 0;
+      for (unsigned id = 0; id < ucx_worker::max_am_ids; ++id) {
+        std::lock_guard lock(p.ucx->mutex());
+        p.send(p.ep, id, bytes.data(), header_bytes, bytes.data() + header_bytes, data_bytes);
+        ++n;
+        if (id % 256 == 255) {
+          while (p.ucx->sends_pending() > 64) ucp_worker_progress(p.ucx->worker());
+        }
+      }
+      say("sent " + std::to_string(n));
+    } else if (command == "stall") {
+      std::lock_guard lock(p.ucx->mutex());
+      p.ucx->stop();
+      say("stalled");
+    } else if (command == "listen") {
+      in >> p.mode >> p.bytes;
+      p.tensor = testing::pseudo_random(p.bytes, 11);
+      std::lock_guard lock(p.ucx->mutex());
+      absl::StatusOr<std::uint16_t> port = p.ucx->listen("127.0.0.1", 0, &peer::on_connection, &p);
+      if (!port.ok()) {
+        say("error " + std::string(port.status().message()));
+        continue;
+      }
+      say("listening " + std::to_string(*port));
+    } else if (command == "quit") {
+      {
+        std::lock_guard lock(p.ucx->mutex());
+        p.ucx->finalize();
+      }
+      work.reset();
+      p.io.stop();
+      p.runner.join();
+      say("bye");
+      return 0;
+    } else if (!command.empty()) {
+      say("error unknown command " + command);
+    }
+  }
+  return 0;
+}

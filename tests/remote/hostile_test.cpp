@@ -1,0 +1,296 @@
+// Remote imports against hostile peers: processes of their own
+// (tests/remote/hostile_peer.cpp) that forge descriptors, releases, holds,
+// answers and active messages, and stall. Each case is a finding of a
+// review: what a peer could do, and what it cannot do any more.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/node.hpp"
+#include "remote/remote_fixture.hpp"
+#include "remote/remote_support.hpp"
+#include "support/runtime_fixture.hpp"
+
+namespace dlasync {
+namespace {
+
+std::unique_ptr<peer_process> start_hostile(const std::string& transports = "") {
+  auto p = std::make_unique<peer_process>(DLASYNC_HOSTILE_PEER,
+                                          std::vector<std::string>{"--transports=" + transports});
+  REQUIRE(p->running());
+  REQUIRE(p->read_line() == "ready");
+  return p;
+}
+
+void connect(peer_process& hostile, const remote_descriptor& d) {
+  REQUIRE(hostile.ask("connect " + d.exporter_address + " " + std::to_string(d.exporter_port)) ==
+          "connected");
+}
+
+std::string hex(const remote_descriptor& d) {
+  return testing::to_hex(d.encode());
+}
+
+// A tensor of `bytes` uint8 at a hostile exporter's listener.
+remote_descriptor at_hostile_exporter(std::uint16_t port, std::uint64_t bytes) {
+  remote_descriptor d;
+  d.lease_id = 1;
+  d.type = dtypes::uint8;
+  d.shape = {static_cast<std::int64_t>(bytes)};
+  d.strides = {1};
+  d.data = 1 << 20;
+  d.region_begin = d.data;
+  d.region_bytes = bytes;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = port;
+  return d;
+}
+
+std::uint16_t hostile_listens(peer_process& hostile, const std::string& mode, std::uint64_t bytes) {
+  std::optional<std::string> line = hostile.ask("listen " + mode + " " + std::to_string(bytes));
+  REQUIRE(line);
+  REQUIRE(line->rfind("listening ", 0) == 0);
+  return static_cast<std::uint16_t>(std::stoi(line->substr(10)));
+}
+
+}  // namespace
+
+TEST_CASE("a descriptor names its tensor only: an altered one reads nothing else of the exporter",
+          "[remote][hostile]") {
+  // Before: the importer chose the addresses the exporter's UCX read (RMA
+  // gets, or fetch requests checked against a region the descriptor
+  // declared), so a descriptor pointed at another buffer returned its bytes.
+  const std::string transports = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("transports " << transports);
+  auto peer = start_peer(transports);
+  auto in = make_importer(transports);
+  const remote_descriptor good =
+      descriptor_from(peer->ask("publish 1:8:1 contiguous 65536 2 20000 5"));
+  std::optional<std::string> line = peer->ask("secret 65536");
+  REQUIRE(line);
+  const std::uint64_t secret = std::stoull(line->substr(7));
+
+  remote_descriptor d = good;
+  d.data = secret;
+  d.region_begin = secret;
+  require_refused(import_now(*in->node, d), absl::StatusCode::kInvalidArgument, "lease",
+                  "does not describe the tensor published under lease");
+  // A region widened over the secret changes nothing the exporter sends.
+  d = good;
+  d.region_begin = std::min(good.region_begin, secret);
+  d.region_bytes = std::max(good.region_begin, secret) + 65536 - d.region_begin;
+  absl::StatusOr<tensor> t = import_now(*in->node, d);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {65536}, dtypes::uint8, 5);
+  // Importers cannot ask to read the memory themselves: the exporter does
+  // not trust its peers with RMA, and this node cannot even ask.
+  auto hostile = start_hostile(transports);
+  connect(*hostile, good);
+  REQUIRE_THAT(*hostile->ask("hold " + hex(good) + " 0 0"), Catch::StartsWith("reply 7 "));
+  remote_node_options o;
+  o.fetch = remote_fetch::rma;
+  REQUIRE(remote_node::create(*in->rt, o).status().code() == absl::StatusCode::kInvalidArgument);
+  // Nothing was consumed by the refusals: the second importer still gets it.
+  t = import_now(*in->node, good);
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {65536}, dtypes::uint8, 5);
+  REQUIRE(peer_reaches(*peer, "deleted", 1));
+}
+
+TEST_CASE("only its holder releases a hold, and memory outlives every granted read",
+          "[remote][hostile]") {
+  // Before: any peer's hold_release for the lease released it, and the
+  // exporter freed 64 MiB under an importer's read (use after free).
+  auto peer = start_peer("shm");
+  auto in = make_importer("shm");
+  const remote_descriptor d =
+      descriptor_from(peer->ask("publish 1:8:1 contiguous 67108864 1 60000 9"));
+  auto hostile = start_hostile("shm");
+  connect(*hostile, d);
+  // A forged description takes no hold, and so ends nothing.
+  REQUIRE_THAT(*hostile->ask("hold " + hex(d) + " 1 1"), Catch::StartsWith("reply 3 "));
+  std::future<absl::StatusOr<tensor>> f = async_import_remote(*in->node, d, {}, asio::use_future);
+  // Releases with guessed holds and secrets, while the bytes move.
+  for (int round = 0; round < 20 && f.wait_for(0s) != std::future_status::ready; ++round) {
+    REQUIRE(hostile->ask("forge_releases " + std::to_string(d.lease_id) + " 256") == "sent");
+  }
+  REQUIRE(f.wait_for(60s) == std::future_status::ready);
+  absl::StatusOr<tensor> t = f.get();
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {67108864}, dtypes::uint8, 9);
+  REQUIRE(peer_reaches(*peer, "deleted", 1));
+}
+
+TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and budget at once",
+          "[remote][hostile]") {
+  // Before: buffers with receives or gets under way were never freed (64 to
+  // 96 MiB held, their budget with them), and with both ends in one process
+  // shutdown could hang.
+  SECTION("the exporter in another process") {
+    auto peer = start_peer("shm");
+    auto in = make_importer("shm", 512ull << 20);
+    std::vector<remote_descriptor> ds;
+    for (int i = 0; i < 4; ++i) {
+      ds.push_back(descriptor_from(
+          peer->ask("publish 1:8:1 contiguous 67108864 1 60000 " + std::to_string(i))));
+    }
+    std::vector<std::future<absl::StatusOr<tensor>>> fs;
+    for (const remote_descriptor& d : ds) {
+      fs.push_back(async_import_remote(*in->node, d, {}, asio::use_future));
+    }
+    REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() > 0; }));
+    in->node->shutdown();
+    // What is still held belongs to imports that had landed: whole tensors.
+    std::vector<absl::StatusOr<tensor>> results;
+    for (auto& f : fs) {
+      REQUIRE(f.wait_for(10s) == std::future_status::ready);
+      results.push_back(f.get());
+    }
+    std::uint64_t landed = 0;
+    for (const absl::StatusOr<tensor>& t : results) {
+      if (t.ok()) {
+        landed += t->byte_size();
+      } else {
+        REQUIRE(t.status().code() == absl::StatusCode::kCancelled);
+      }
+    }
+    CHECK(in->rt->copy_budget().in_use() == landed);
+    results.clear();
+    CHECK(in->rt->copy_budget().in_use() == 0);
+    // The exporter sees the connection go; its publications end with their
+    // leases or with it, once each.
+    REQUIRE(peer->ask("quit") == "bye 4");
+  }
+  SECTION("both ends in this process") {
+    node_pair nodes;
+    std::vector<std::unique_ptr<published_tensor>> ps;
+    std::vector<std::future<absl::StatusOr<tensor>>> fs;
+    for (int i = 0; i < 4; ++i) {
+      ps.push_back(publish_here(nodes.out(), "contiguous", {4096, 4096}));
+      fs.push_back(async_import_remote(nodes.in(), ps.back()->descriptor, {}, asio::use_future));
+    }
+    REQUIRE(testing::eventually([&] { return nodes.importer_->rt->copy_budget().in_use() > 0; }));
+    std::future<void> down = std::async(std::launch::async, [&] { nodes.in().shutdown(); });
+    REQUIRE(down.wait_for(30s) == std::future_status::ready);
+    for (auto& f : fs) REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    nodes.out().shutdown();
+    for (auto& p : ps) REQUIRE(p->count.calls.load() == 1);
+  }
+}
+
+TEST_CASE("a hostile exporter's answers are checked before they are used", "[remote][hostile]") {
+  auto hostile = start_hostile();
+  auto in = make_importer("");
+  SECTION("2^63 microseconds left on the lease: believed up to a bound, no overflow") {
+    // Before: sent + remaining overflowed a signed add (UBSan), and the hold
+    // seemed to have ended before it began.
+    const std::uint16_t port = hostile_listens(*hostile, "huge_remaining", 4096);
+    absl::StatusOr<tensor> t = import_now(*in->node, at_hostile_exporter(port, 4096));
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    const std::vector<unsigned char> sent = testing::pseudo_random(4096, 11);
+    REQUIRE(std::memcmp(t->data(), sent.data(), sent.size()) == 0);
+  }
+  SECTION("pieces out of range, too long, at absurd offsets, twice: refused, never written") {
+    const std::uint16_t port = hostile_listens(*hostile, "bad_pieces", 4096);
+    absl::StatusOr<tensor> t = import_now(*in->node, at_hostile_exporter(port, 4096));
+    REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(t.status().message()), Catch::Contains("did not expect"));
+  }
+  SECTION("an unknown status code and a message without its end") {
+    const std::uint16_t port = hostile_listens(*hostile, "garbage", 4096);
+    absl::StatusOr<tensor> t = import_now(*in->node, at_hostile_exporter(port, 4096));
+    REQUIRE(t.status().code() == absl::StatusCode::kUnknown);
+    REQUIRE(t.status().message().size() < 400);
+  }
+  SECTION("every active-message id instead of an answer") {
+    const std::uint16_t port = hostile_listens(*hostile, "every_id", 4096);
+    import_options o;
+    std::future<absl::StatusOr<tensor>> f =
+        async_import_remote(*in->node, at_hostile_exporter(port, 4096), o, asio::use_future);
+    // No answer comes: the import is cancelled, and the node still works.
+    std::this_thread::sleep_for(2s);
+    REQUIRE(in->node->imports_in_flight() == 1);
+    in->node->shutdown();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    REQUIRE(f.get().status().code() == absl::StatusCode::kCancelled);
+  }
+  in.reset();
+  REQUIRE(hostile->ask("quit") == "bye");
+}
+
+TEST_CASE("a descriptor's bytes never reach UCX's parsers", "[remote][hostile]") {
+  // Before: the descriptor carried the exporter's packed worker address and
+  // remote key, which the importer handed to UCX (a mutated key crashed it,
+  // a mutated address aborted it). Now it names a listener; the key, where
+  // there is one, is read only between trusted peers.
+  node_pair nodes;
+  auto p = publish_here(nodes.out(), "contiguous", {64, 64});
+  remote_descriptor d = p->descriptor;
+  REQUIRE(d.rkey.empty());
+  d.rkey = std::string(200, '\xff');  // ignored: this node does not trust its peers
+  absl::StatusOr<tensor> t = import_now(nodes.in(), d);
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {64, 64}, dtypes::float32, 1);
+
+  std::string bytes = d.encode();
+  // The address field's length says 5 bytes: neither IPv4 nor IPv6.
+  const std::size_t at = bytes.size() - (4 + d.rkey.size()) - 2 - 4 - 4;
+  REQUIRE(bytes[at] == 4);
+  bytes[at] = 5;
+  bytes.insert(at + 4 + 4, 1, '\0');
+  absl::StatusOr<remote_descriptor> r = remote_descriptor::decode(bytes);
+  REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(r.status().message()), Catch::Contains("exporter address holds 5"));
+
+  remote_descriptor elsewhere = p->descriptor;
+  elsewhere.exporter_port = 1;  // nothing listens there
+  auto fast = std::make_unique<importer>();
+  fast->rt = testing::make_runtime(2);
+  remote_node_options o;
+  o.import_timeout = 3s;
+  fast->node = *remote_node::create(*fast->rt, o);
+  t = import_now(*fast->node, elsewhere);
+  REQUIRE_FALSE(t.ok());
+  REQUIRE((t.status().code() == absl::StatusCode::kUnavailable ||
+           t.status().code() == absl::StatusCode::kDeadlineExceeded));
+  elsewhere.exporter_port = 0;
+  require_refused(import_now(*fast->node, elsewhere), absl::StatusCode::kInvalidArgument,
+                  "remote_region", "names no exporter");
+}
+
+TEST_CASE("a peer's garbage active messages reach no handler slot that is not the node's",
+          "[remote][hostile]") {
+  // Before: ids 0, 1 and 0x51 called uninitialised slots of UCX 1.13's
+  // handler table (a crash under ASan), and short or long headers of the
+  // node's own ids were read as they came.
+  node_pair nodes;
+  auto p = publish_here(nodes.out(), "every_other_row", {32, 32});
+  auto hostile = start_hostile();
+  connect(*hostile, p->descriptor);
+  REQUIRE_THAT(*hostile->ask("every_id 40 100"), Catch::StartsWith("sent 65536"));
+  for (unsigned id = 0x4c01; id <= 0x4c05; ++id) {
+    for (const auto& [header, data] : std::vector<std::pair<int, int>>{
+             {0, 0}, {7, 0}, {32, 0}, {48, 0}, {56, 0}, {56, 1 << 20}, {248, 0}, {300, 9}}) {
+      REQUIRE(hostile->ask("send " + std::to_string(id) + " 1 " + std::to_string(header) + " " +
+                           std::to_string(data) + " " + std::to_string(id + header)) == "sent");
+    }
+  }
+  // The node still serves its importers, and nothing was released.
+  absl::StatusOr<tensor> t = import_now(nodes.in(), p->descriptor);
+  REQUIRE(t.ok());
+  check_bytes(*t, "every_other_row", {32, 32}, dtypes::float32, 1);
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  REQUIRE(hostile->ask("quit") == "bye");
+}
+
+}  // namespace dlasync

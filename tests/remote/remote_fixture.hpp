@@ -1,0 +1,163 @@
+// The remote tests' fixtures: importing nodes, the peer process, nodes in
+// this process that publish the test's own tensors, and the checks on what
+// arrives.
+#pragma once
+
+#include <chrono>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/node.hpp"
+#include "remote/remote_support.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync {
+
+using namespace std::chrono_literals;
+using testing::peer_process;
+
+struct importer {
+  std::unique_ptr<runtime> rt;
+  std::unique_ptr<remote_node> node;
+  ~importer() {
+    if (node) node->shutdown();
+    node.reset();
+    rt.reset();
+  }
+};
+
+inline std::unique_ptr<importer> make_importer(const std::string& transports,
+                                               std::uint64_t budget = 0, bool trusted = false) {
+  auto i = std::make_unique<importer>();
+  i->rt = testing::make_runtime(2, budget);
+  remote_node_options o;
+  o.transports = transports;
+  o.trusted_peers = trusted;
+  o.import_timeout = 30s;
+  auto node = remote_node::create(*i->rt, o);
+  INFO(node.status().ToString());
+  REQUIRE(node.ok());
+  i->node = *std::move(node);
+  return i;
+}
+
+inline std::unique_ptr<peer_process> start_peer(const std::string& transports) {
+  auto p = std::make_unique<peer_process>(DLASYNC_REMOTE_PEER,
+                                          std::vector<std::string>{"--transports=" + transports});
+  REQUIRE(p->running());
+  std::optional<std::string> ready = p->read_line();
+  REQUIRE(ready);
+  REQUIRE(*ready == "ready");
+  return p;
+}
+
+inline std::string dtype_arg(const dtype& t) {
+  return std::to_string(t.code) + ":" + std::to_string(t.bits) + ":" + std::to_string(t.lanes);
+}
+
+inline remote_descriptor descriptor_from(const std::optional<std::string>& line) {
+  REQUIRE(line);
+  INFO(*line);
+  REQUIRE(line->rfind("descriptor ", 0) == 0);
+  absl::StatusOr<remote_descriptor> d =
+      remote_descriptor::decode(testing::from_hex(line->substr(11)));
+  REQUIRE(d.ok());
+  return *d;
+}
+
+inline absl::StatusOr<tensor> import_now(remote_node& node, const remote_descriptor& d,
+                                         const import_options& o = {}) {
+  std::future<absl::StatusOr<tensor>> f = async_import_remote(node, d, o, asio::use_future);
+  REQUIRE(f.wait_for(60s) == std::future_status::ready);
+  return f.get();
+}
+
+inline int peer_count(peer_process& p, const std::string& what) {
+  std::optional<std::string> line = p.ask(what);
+  REQUIRE(line);
+  REQUIRE(line->rfind(what + " ", 0) == 0);
+  return std::stoi(line->substr(what.size() + 1));
+}
+
+inline bool peer_reaches(peer_process& p, const std::string& what, int value) {
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (std::chrono::steady_clock::now() < until) {
+    if (peer_count(p, what) == value) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+inline void check_bytes(const tensor& t, const std::string& layout,
+                        const std::vector<std::int64_t>& shape, const dtype& type, unsigned seed) {
+  REQUIRE(t.is_copy());
+  REQUIRE(t.is_compact());
+  REQUIRE(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()) == shape);
+  REQUIRE(t.dtype() == type);
+  const std::optional<std::uint64_t> bad =
+      testing::first_mismatch(static_cast<const unsigned char*>(t.data()), t.byte_size(), layout,
+                              shape, type.padded_size(), seed);
+  INFO("first wrong byte: " << (bad ? std::to_string(*bad) : "none"));
+  REQUIRE_FALSE(bad.has_value());
+}
+
+// Two nodes in this process, each on its own runtime: one exports, the
+// other imports (UCX connects them as it would two processes).
+struct node_pair {
+  std::unique_ptr<importer> exporter = make_importer("");
+  std::unique_ptr<importer> importer_ = make_importer("");
+  remote_node& out() { return *exporter->node; }
+  remote_node& in() { return *importer_->node; }
+};
+
+// A host tensor of the pattern owned by the test, published with a
+// counting deleter.
+struct published_tensor {
+  std::shared_ptr<testing::laid_out> memory;
+  testing::deleter_count count;
+  remote_descriptor descriptor;
+};
+
+inline std::unique_ptr<published_tensor> publish_here(remote_node& node, const std::string& layout,
+                                                      std::vector<std::int64_t> shape,
+                                                      const publish_options& o = {},
+                                                      unsigned seed = 1,
+                                                      dtype type = dtypes::float32) {
+  auto p = std::make_unique<published_tensor>();
+  p->memory = std::make_shared<testing::laid_out>(
+      testing::lay_out(layout, std::move(shape), type.padded_size(), seed));
+  testing::tensor_spec spec;
+  spec.type = type;
+  spec.shape = p->memory->shape;
+  spec.strides = p->memory->strides;
+  spec.data = p->memory->data();
+  spec.byte_offset = p->memory->byte_offset;
+  managed_tensor t = testing::make_tensor(spec, p->count);
+  absl::StatusOr<remote_descriptor> d = node.publish(t, o);
+  INFO(d.status().ToString());
+  REQUIRE(d.ok());
+  REQUIRE(t.empty());  // consumed
+  p->descriptor = *d;
+  return p;
+}
+
+inline void require_refused(const absl::StatusOr<tensor>& t, absl::StatusCode code,
+                            const std::string& rule, const std::string& words) {
+  INFO(t.status().ToString());
+  REQUIRE_FALSE(t.ok());
+  REQUIRE(t.status().code() == code);
+  REQUIRE_THAT(std::string(t.status().message()), Catch::Contains(words));
+  std::optional<import_error> why = import_error_of(t.status());
+  REQUIRE(why);
+  REQUIRE(why->rule == rule);
+}
+
+}  // namespace dlasync
