@@ -31,14 +31,13 @@ def _bridge(loop):
     return bridge
 
 
-async def _completion(future, call):
-    """Awaits an import's future; cancelling the awaiting task cancels the
-    import."""
-    try:
-        return await future
-    except _asyncio.CancelledError:
-        call.cancel()
-        raise
+# When the awaiting coroutine stops waiting (its task cancelled, or the
+# coroutine closed) the import is cancelled, and `future` is let go there: a
+# result that reached the future before the cancellation (resolved, but the
+# task not yet resumed) would otherwise be kept, with its memory and copy
+# budget, by the exception's traceback, which holds this frame's locals for
+# as long as the task lives. The awaits are written out in each method, with
+# no coroutine between them and the future, so that no other frame holds it.
 
 
 class Runtime(_core.Runtime):
@@ -52,13 +51,19 @@ class Runtime(_core.Runtime):
         eventfd. Validation and consumption happen at the call: an error
         raised before the first await leaves `x` untouched. Cancelling the
         awaiting task cancels the import (the producer's tensor is released
-        once nothing reads it)."""
+        once nothing reads it); a result that arrives anyway is released at
+        once."""
         loop = _asyncio.get_running_loop()
         future = loop.create_future()
         call = self._start_import(x, _bridge(loop), future, device=device, copy=copy,
                                   stream=stream, require_contiguous=require_contiguous,
                                   require_writable=require_writable)
-        return await _completion(future, call)
+        try:
+            return await future
+        except BaseException:
+            call.cancel()
+            future = None  # noqa: F841 (see above)
+            raise
 
     async def import_batch(self, xs, /, *, device=None, copy=None, stream=None,
                            require_contiguous=False, require_writable=False,
@@ -74,7 +79,12 @@ class Runtime(_core.Runtime):
                                  device=device, copy=copy, stream=stream,
                                  require_contiguous=require_contiguous,
                                  require_writable=require_writable)
-        return await _completion(future, call)
+        try:
+            return await future
+        except BaseException:
+            call.cancel()
+            future = None  # noqa: F841 (see above)
+            raise
 
     def __enter__(self):
         return self

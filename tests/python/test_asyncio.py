@@ -2,6 +2,7 @@
 cancellation, batches, and interpreter exit with imports in flight."""
 import asyncio
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -79,6 +80,43 @@ def test_wait_for_timeout_cancels_the_import():
         asyncio.run(main())
         assert eventually(lambda: p.deletes == 1 and rt.in_flight == 0)
         del held
+
+
+def test_a_result_resolved_before_its_cancellation_is_released_at_once():
+    # The budget holds one copy. The first import's result is in its future
+    # when its task is cancelled, before the task has resumed: kept while the
+    # cancelled task lives, it would hold the budget, and every import after
+    # it would wait for good.
+    size = 4096
+    producers = [CountingProducer(np.full(size, i % 251, dtype=np.uint8)) for i in range(200)]
+    with dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=size) as rt:
+        async def one(p):
+            t = await rt.import_dlpack(p, device="cpu:1")
+            return int(np.from_dlpack(t)[0])
+
+        async def main():
+            bridge = dlasync._bridge(asyncio.get_running_loop())
+            tasks = [asyncio.ensure_future(one(p)) for p in producers]
+            await asyncio.sleep(0)  # they start: the first copies, the others wait for budget
+            assert select.select([bridge.fd], [], [], 30)[0], "no completion came"
+            bridge.drain()  # the first result is in its future; its task has not resumed
+            kept = []
+            for i, t in enumerate(tasks):
+                if i % 10 < 7:
+                    t.cancel()
+                else:
+                    kept.append(t)
+            _, pending = await asyncio.wait(kept, timeout=30)  # a hang guard
+            assert not pending, f"{len(pending)} imports wait for budget a cancelled one holds"
+            return tasks, [t.result() for t in kept]
+
+        tasks, values = asyncio.run(main())
+        assert tasks[0].cancelled()  # the task lives on
+        assert values == [i % 251 for i in range(200) if i % 10 >= 7]
+        assert eventually(lambda: rt.in_flight == 0)
+        assert eventually(lambda: all(p.deletes == p.exports for p in producers))
+        t = rt.from_dlpack(np.ones(size, dtype=np.uint8), device="cpu:1")  # the whole budget
+        assert t.is_copy
 
 
 def test_refusals_raise_at_the_await_and_leave_the_producer_untouched(rt):
