@@ -165,16 +165,17 @@ import_options py_runtime::options_of(const import_args& a) const {
   return o;
 }
 
-taken_source py_runtime::take(py::handle x, const import_args& a, import_options& options) {
+taken_source py_runtime::take(py::handle x, const import_args& a, import_options& options,
+                              batch_members* batch) {
   if (a.stream.is_none() && !py::isinstance<py_tensor>(x) && PyCapsule_CheckExact(x.ptr()) == 0) {
     if (const exchange_api* api = exchange_api_of(x)) {
-      taken_source taken = take_exchange(x, *api);
+      taken_source taken = take_exchange(x, *api, batch);
       options.stream = taken.producer_stream;
       return taken;
     }
   }
   options.stream = producer_stream(x, a);
-  return take_source(x, options.stream);
+  return take_source(x, options.stream, batch);
 }
 
 std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const import_args& a) {
@@ -282,11 +283,13 @@ std::shared_ptr<import_call> py_runtime::start_batch(py::object self, const py::
   import_options options = options_of(a);
   std::vector<taken_source> taken;
   taken.reserve(py::len(xs));
+  batch_members members;
   // One options for the whole batch: its members must follow the same
   // producer stream, or none.
   for (py::handle x : xs) {
     import_options member = options;
-    taken.push_back(take(x, a, member));
+    members.at(taken.size());
+    taken.push_back(take(x, a, member, &members));
     if (taken.size() == 1) {
       options.stream = member.stream;
     } else if (member.stream != options.stream) {

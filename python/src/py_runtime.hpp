@@ -80,8 +80,10 @@ class py_runtime {
                                 const import_options& options, std::uint64_t bytes);
   import_options options_of(const import_args& a) const;
   // Takes `x`'s tensor (through its type's exchange API when it has one and
-  // the caller named no stream) and sets options.stream to what it follows.
-  taken_source take(pybind11::handle x, const import_args& a, import_options& options);
+  // the caller named no stream) and sets options.stream to what it follows;
+  // `batch` refuses a member that repeats another.
+  taken_source take(pybind11::handle x, const import_args& a, import_options& options,
+                    batch_members* batch = nullptr);
   // The stream to pass to `x.__dlpack__`, and to follow.
   std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);
 

@@ -71,17 +71,21 @@ managed_tensor wrap(released_tensor inner) {
   return managed_tensor(&h->legacy);
 }
 
-taken_source from_capsule(py::object capsule) {
+// Claims `capsule`'s tensor. Nothing here gives up the GIL or calls into
+// Python between the name check and the rename: that stretch is what makes
+// the claim atomic, process-wide.
+taken_source from_capsule(py::object capsule, batch_members* batch) {
+  if (batch != nullptr) batch->check_capsule(capsule.ptr());
   const char* name = PyCapsule_GetName(capsule.ptr());
   if (name == nullptr) throw py::error_already_set();
   const bool versioned = std::strcmp(name, kVersioned) == 0;
   if (!versioned && std::strcmp(name, kLegacy) != 0) {
     const bool used = std::strcmp(name, kUsedLegacy) == 0 || std::strcmp(name, kUsedVersioned) == 0;
     if (used) {
-      throw py::buffer_error(
-          absl::StrCat("the DLPack capsule was consumed already (its name is \"", name,
-                       "\"): a DLPack tensor can be imported once; ask the producer for a new one "
-                       "with __dlpack__()"));
+      throw py::buffer_error(absl::StrCat(
+          "the DLPack capsule was consumed already, or is being imported (its name is \"", name,
+          "\"): a DLPack tensor can be imported once; ask the producer for a new one with "
+          "__dlpack__()"));
     }
     throw py::type_error(absl::StrCat("a capsule named \"", name,
                                       "\" is not a DLPack tensor; expected \"", kLegacy, "\" or \"",
@@ -89,6 +93,7 @@ taken_source from_capsule(py::object capsule) {
   }
   void* ptr = PyCapsule_GetPointer(capsule.ptr(), name);
   if (ptr == nullptr) throw py::error_already_set();
+  if (batch != nullptr) batch->check_tensor(ptr, "capsule");
   released_tensor inner;
   if (versioned) {
     inner.versioned = static_cast<DLManagedTensorVersioned*>(ptr);
@@ -98,7 +103,12 @@ taken_source from_capsule(py::object capsule) {
   taken_source out;
   out.source = wrap(inner);
   out.capsule = std::move(capsule);
-  out.used_name = versioned ? kUsedVersioned : kUsedLegacy;
+  // The producer's name may not outlive the claim; DLPack's equal literal does.
+  out.capsule_name = versioned ? kVersioned : kLegacy;
+  if (PyCapsule_SetName(out.capsule.ptr(), versioned ? kUsedVersioned : kUsedLegacy) != 0) {
+    throw py::error_already_set();
+  }
+  if (batch != nullptr) batch->add(out.capsule.ptr(), ptr);
   return out;
 }
 
@@ -130,23 +140,46 @@ void capsule_destructor(PyObject* capsule) {
 
 }  // namespace
 
+void batch_members::check_capsule(PyObject* capsule) const {
+  if (const auto it = capsules_.find(capsule); it != capsules_.end()) {
+    throw py::buffer_error(absl::StrCat(
+        "batch member ", position_, " is the DLPack capsule of member ", it->second,
+        " again: a capsule can be imported once; put each tensor in a batch once, and give "
+        "each member a capsule of its own (a __dlpack__ must return a new capsule each call)"));
+  }
+}
+
+void batch_members::check_tensor(const void* tensor, const char* source) const {
+  if (const auto it = tensors_.find(tensor); it != tensors_.end()) {
+    throw py::buffer_error(absl::StrCat(
+        "batch member ", position_, "'s ", source, " holds the DLPack tensor of member ",
+        it->second, " (DLManagedTensor at ", absl::Hex(reinterpret_cast<std::uintptr_t>(tensor)),
+        ") again: the producer handed one tensor out twice, and a tensor can be owned once; "
+        "import it once"));
+  }
+}
+
+void batch_members::add(PyObject* capsule, const void* tensor) {
+  if (capsule != nullptr) capsules_.emplace(capsule, position_);
+  tensors_.emplace(tensor, position_);
+}
+
 taken_source::~taken_source() {
   // Not settled (an exception between take and start): the capsule keeps it.
   if (!source.empty()) settle();
 }
 
 void taken_source::settle() {
-  if (source.empty()) {
-    if (capsule && !capsule.is_none() && used_name != nullptr) {
-      if (PyCapsule_SetName(capsule.ptr(), used_name) != 0) PyErr_Clear();
-    }
-    return;
-  }
+  // Consumed: the capsule was renamed when it was taken.
+  if (source.empty()) return;
   if (!capsule || capsule.is_none())
     return;  // dlasync's own export: its deleter just drops a reference
   released_tensor r = source.release();
   void* ctx = r.versioned != nullptr ? r.versioned->manager_ctx : r.legacy->manager_ctx;
-  delete static_cast<held_producer*>(ctx);  // the producer's tensor stays with its capsule
+  delete static_cast<held_producer*>(ctx);
+  // Refused: the producer's tensor goes back to its capsule, which deletes
+  // it when it goes.
+  if (PyCapsule_SetName(capsule.ptr(), capsule_name) != 0) PyErr_Clear();
 }
 
 std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
@@ -162,7 +195,7 @@ std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
   }
 }
 
-taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
+taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, batch_members* batch) {
   if (py::isinstance<py_tensor>(obj)) {
     const tensor& t = obj.cast<const py_tensor&>().value;
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
@@ -173,7 +206,7 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
     return s;
   }
   if (PyCapsule_CheckExact(obj.ptr()) != 0) {
-    return from_capsule(py::reinterpret_borrow<py::object>(obj));
+    return from_capsule(py::reinterpret_borrow<py::object>(obj), batch);
   }
   py::object dlpack = py::getattr(obj, "__dlpack__", py::none());
   if (dlpack.is_none()) {
@@ -208,7 +241,7 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream) {
         " returned a ", std::string(py::str(py::type::handle_of(capsule).attr("__name__"))),
         ", not a DLPack capsule"));
   }
-  return from_capsule(std::move(capsule));
+  return from_capsule(std::move(capsule), batch);
 }
 
 const exchange_api* exchange_api_of(py::handle obj) {
@@ -248,7 +281,7 @@ const exchange_api* exchange_api_of(py::handle obj) {
   return api;
 }
 
-taken_source take_exchange(py::handle obj, const exchange_api& api) {
+taken_source take_exchange(py::handle obj, const exchange_api& api, batch_members* batch) {
   DLManagedTensorVersioned* out = nullptr;
   if (api.managed_tensor_from_py_object_no_sync(obj.ptr(), &out) != 0) {
     throw py::error_already_set();
@@ -258,6 +291,12 @@ taken_source take_exchange(py::handle obj, const exchange_api& api) {
         absl::StrCat("the DLPack exchange API of ",
                      std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
                      " returned no tensor and no error"));
+  }
+  // A repeat is left to the producer: deleting it would delete the
+  // earlier member's tensor.
+  if (batch != nullptr) {
+    batch->check_tensor(out, "exchange API tensor");
+    batch->add(nullptr, out);
   }
   released_tensor inner;
   inner.versioned = out;
