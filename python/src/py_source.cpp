@@ -153,7 +153,7 @@ void batch_members::check_tensor(const void* tensor, const char* source) const {
   if (const auto it = tensors_.find(tensor); it != tensors_.end()) {
     throw py::buffer_error(absl::StrCat(
         "batch member ", position_, "'s ", source, " holds the DLPack tensor of member ",
-        it->second, " (DLManagedTensor at ", absl::Hex(reinterpret_cast<std::uintptr_t>(tensor)),
+        it->second, " (DLManagedTensor at 0x", absl::Hex(reinterpret_cast<std::uintptr_t>(tensor)),
         ") again: the producer handed one tensor out twice, and a tensor can be owned once; "
         "import it once"));
   }
@@ -242,43 +242,6 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
         ", not a DLPack capsule"));
   }
   return from_capsule(std::move(capsule), batch);
-}
-
-const exchange_api* exchange_api_of(py::handle obj) {
-  static auto* by_type = new py::dict();  // type -> capsule of the table, or None
-  py::handle type = py::type::handle_of(obj);
-  if (by_type->contains(type)) {
-    py::object known = (*by_type)[type];
-    return known.is_none() ? nullptr
-                           : static_cast<const exchange_api*>(
-                                 py::reinterpret_borrow<py::capsule>(known).get_pointer());
-  }
-  const exchange_api* api = nullptr;
-  py::object attr = py::getattr(type, "__dlpack_c_exchange_api__", py::none());
-  const exchange_api_header* header = nullptr;
-  if (PyCapsule_CheckExact(attr.ptr()) != 0) {
-    header = static_cast<const exchange_api_header*>(
-        PyCapsule_GetPointer(attr.ptr(), "dlpack_exchange_api"));
-    if (header == nullptr) PyErr_Clear();  // misnamed: the protocol's way instead
-  } else if (py::isinstance<py::int_>(attr)) {
-    // The protocol's other form: the table's address as an int.
-    // NOLINTNEXTLINE(performance-no-int-to-ptr)
-    header = reinterpret_cast<const exchange_api_header*>(attr.cast<std::uintptr_t>());
-  }
-  // A newer major version may chain an older one that dlasync speaks.
-  for (int hops = 0; header != nullptr && hops < 16; ++hops, header = header->prev_api) {
-    if (header->version.major == dlpack_major_version) {
-      const auto* candidate = reinterpret_cast<const exchange_api*>(header);
-      if (candidate->managed_tensor_from_py_object_no_sync != nullptr &&
-          candidate->current_work_stream != nullptr) {
-        api = candidate;
-      }
-      break;
-    }
-  }
-  (*by_type)[type] = api == nullptr ? py::object(py::none())
-                                    : py::object(py::capsule(const_cast<exchange_api*>(api)));
-  return api;
 }
 
 taken_source take_exchange(py::handle obj, const exchange_api& api, batch_members* batch) {

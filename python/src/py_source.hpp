@@ -31,6 +31,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"
+#include "python/src/py_exchange_api.hpp"
 
 namespace dlasync::python {
 
@@ -83,30 +84,6 @@ class batch_members {
 // already (or is being imported), and what the producer raises.
 taken_source take_source(pybind11::handle obj, std::optional<std::int64_t> stream,
                          batch_members* batch = nullptr);
-
-// DLPack 1.3's C exchange API (dlpack.h's DLPackExchangeAPI), declared
-// here because the dlpack.h found at build time may predate it. A producer
-// type offers it as `__dlpack_c_exchange_api__`, a capsule named
-// "dlpack_exchange_api" (or an int holding the pointer); the table lives
-// for the whole process.
-struct exchange_api_header {
-  DLPackVersion version;
-  exchange_api_header* prev_api;
-};
-struct exchange_api {
-  exchange_api_header header;
-  void* managed_tensor_allocator;
-  int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out);
-  void* managed_tensor_to_py_object_no_sync;
-  void* dltensor_from_py_object_no_sync;
-  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id,
-                             void** out_current_stream);
-};
-
-// The exchange API of `obj`'s type when it offers one dlasync can use (major
-// version 1, found directly or through prev_api), else nullptr. Looked up
-// once a type.
-const exchange_api* exchange_api_of(pybind11::handle obj);
 
 // Takes `obj`'s tensor through `api`: no Python call, and the producer's
 // current work stream for a GPU tensor. A tensor the import refuses is

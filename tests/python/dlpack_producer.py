@@ -242,9 +242,9 @@ _EXCHANGE_NAME = ctypes.create_string_buffer(b"dlpack_exchange_api")
 _tables = []
 
 
-def exchange_table(major=1, prev=None):
+def exchange_table(major=1, prev=None, minor=3):
     api = DLPackExchangeAPI()
-    api.header.version = DLPackVersion(major, 3)
+    api.header.version = DLPackVersion(major, minor)
     api.header.prev_api = None if prev is None else ctypes.addressof(prev)
     api.managed_tensor_from_py_object_no_sync = _FROM_PY
     api.current_work_stream = _CURRENT_STREAM
@@ -252,11 +252,16 @@ def exchange_table(major=1, prev=None):
     return api
 
 
+def exchange_capsule(address, name=_EXCHANGE_NAME):
+    """A capsule holding `address` under `name` (a ctypes string buffer that
+    outlives it), as a type's __dlpack_c_exchange_api__."""
+    return _api.PyCapsule_New(address, ctypes.cast(name, c_char_p), None)
+
+
 def exchange_producer_type(api):
     """A CountingProducer type whose instances are exported through `api`;
     its __dlpack__ still works, and counts its calls."""
-    capsule = _api.PyCapsule_New(ctypes.addressof(api), ctypes.cast(_EXCHANGE_NAME, c_char_p),
-                                 None)
+    capsule = exchange_capsule(ctypes.addressof(api))
 
     class ExchangeProducer(CountingProducer):
         __dlpack_c_exchange_api__ = capsule

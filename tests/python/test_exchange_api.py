@@ -1,6 +1,9 @@
 """DLPack 1.3's C exchange API: a producer type that offers
 __dlpack_c_exchange_api__ is taken through its table, with no __dlpack__
 call, and a GPU tensor follows the producer's current work stream."""
+import ctypes
+import re
+
 import numpy as np
 import pytest
 
@@ -76,3 +79,77 @@ def test_a_caller_stream_takes_the_protocol_path(rt):
     rt.from_dlpack(p, device="cpu", stream=1)
     assert p.dlpack_calls == 1 and p.streams[-1] == 1
     assert dp.exchange_calls["from_py"] == 0
+
+
+def hostile_type(attribute, base=dp.CountingProducer):
+    return type("Hostile", (base,), {"__dlpack_c_exchange_api__": attribute})
+
+
+def assert_refused_and_untouched(rt, producer_type, error, words):
+    p = producer_type(np.arange(3.0))
+    for _ in range(2):  # the refusal is remembered for the type, and raised each time
+        with pytest.raises(error, match=re.escape(words)):
+            rt.from_dlpack(p, device="cpu:1")
+    assert p.exports == 0 and dp.exchange_calls["from_py"] == 0
+
+
+@pytest.mark.parametrize("attribute, error, words", [
+    (1, ValueError, "the int address is 0x1, inside the first page"),
+    (0, ValueError, "the int address is 0x0, NULL"),
+    (4096 + 4, ValueError, "the int address is 0x1004, not aligned to 8 bytes"),
+    (-8, ValueError, "is the int -8, which is no address"),
+    (1 << 70, ValueError, f"is the int {1 << 70}, which is no address"),
+    ("4096", TypeError, "is a str; the DLPack C exchange API is a capsule"),
+    (True, TypeError, "is a bool"),
+])
+def test_an_attribute_that_cannot_hold_a_table_is_refused(rt, attribute, error, words):
+    assert_refused_and_untouched(rt, hostile_type(attribute), error, words)
+
+
+def test_capsules_of_another_name_or_a_bad_pointer_are_refused(rt):
+    api = dp.exchange_table()
+    other = ctypes.create_string_buffer(b"dltensor")
+    misnamed = dp.exchange_capsule(ctypes.addressof(api), name=other)
+    assert_refused_and_untouched(rt, hostile_type(misnamed), TypeError,
+                                 'is a capsule named "dltensor"; the DLPack C exchange API is '
+                                 'a capsule named "dlpack_exchange_api"')
+    address = ctypes.addressof(api) + 4
+    assert_refused_and_untouched(rt, hostile_type(dp.exchange_capsule(address)), ValueError,
+                                 f"the capsule's pointer is {address:#x}, not aligned")
+    assert_refused_and_untouched(rt, hostile_type(dp.exchange_capsule(16)), ValueError,
+                                 "the capsule's pointer is 0x10, inside the first page")
+
+
+def test_tables_whose_versions_make_no_sense_are_refused(rt):
+    def refused(api, words):
+        capsule = dp.exchange_capsule(ctypes.addressof(api))
+        assert_refused_and_untouched(rt, hostile_type(capsule), ValueError, words)
+
+    refused(dp.exchange_table(major=0), "a table of version 0.3, which has none")
+    refused(dp.exchange_table(major=1, minor=2), "a table of version 1.2, which has none")
+    refused(dp.exchange_table(major=2, prev=dp.exchange_table(major=3)),
+            "prev_api of its version 2.3 table is a version 3.3 table; a chain goes to older")
+    loop = dp.exchange_table(major=2)
+    loop.header.prev_api = ctypes.addressof(loop)
+    refused(loop, "prev_api of its version 2.3 table is a version 2.3 table")
+    crooked = dp.exchange_table(major=2)
+    crooked.header.prev_api = ctypes.addressof(dp.exchange_table()) + 2
+    refused(crooked, "prev_api of its version 2.3 table is 0x")
+    chain = None
+    for major in range(2, 20):
+        chain = dp.exchange_table(major=major, prev=chain)
+    refused(chain, "its prev_api chain runs past 16 tables")
+    no_stream = dp.exchange_table()
+    no_stream.current_work_stream = dp.CURRENT_STREAM()
+    refused(no_stream, "its version 1.3 table has current_work_stream NULL")
+
+
+def test_the_int_form_is_taken_as_the_producers_promise(rt):
+    api = dp.exchange_table()
+    Producer = hostile_type(ctypes.addressof(api), base=dp.exchange_producer_type(api))
+    p = Producer(np.arange(5.0))
+    p.dlpack_calls = 0
+    t = rt.from_dlpack(p, device="cpu:1")
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(5.0))
+    assert dp.exchange_calls["from_py"] == 1 and p.dlpack_calls == 0
+    assert eventually(lambda: p.deletes == p.exports == 1)
