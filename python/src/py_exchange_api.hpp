@@ -6,8 +6,8 @@
 // A producer type offers the API as its attribute
 // `__dlpack_c_exchange_api__`: dlpack.h asks for a PyCapsule named
 // "dlpack_exchange_api" holding a pointer to a `DLPackExchangeAPI` that lives
-// for the whole process; some producers (tvm-ffi's older releases) give the
-// table's address as an int instead. Neither form can be proven to point at
+// for the whole process; some producers give the table's address as an int
+// instead. Neither form can be proven to point at
 // a table: a capsule's pointer and an int are taken as the producer's promise.
 // What can be refused is refused before anything is read or called: another
 // type, a capsule of another name, a NULL address, an address inside the first
