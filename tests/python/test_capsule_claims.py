@@ -13,7 +13,6 @@ import threading
 import numpy as np
 import pytest
 
-import dlasync
 import dlpack_producer as dp
 from conftest import eventually
 from dlpack_producer import CountingProducer, Wrapping
@@ -49,7 +48,7 @@ def test_a_capsule_twice_in_a_batch_is_refused_and_deleted_once(rt):
     t = rt.from_dlpack(cap, device="cpu:1")  # and importable once
     np.testing.assert_array_equal(np.from_dlpack(t), np.arange(8.0))
     assert capsule_name(cap) == b"used_dltensor"
-    del cap
+    cap = None
     assert eventually(lambda: w.deletes == 1)
 
 
@@ -82,7 +81,7 @@ def test_two_capsules_of_one_tensor_are_refused_in_a_batch(rt):
     asyncio.run(main())
     assert capsule_name(first) == capsule_name(second) == b"dltensor"
     dp._api.PyCapsule_SetName(second, ctypes.cast(dp._USED[False], ctypes.c_char_p))
-    del first, second
+    first = second = None
     assert p.deletes == 1
 
 
@@ -109,7 +108,7 @@ def test_a_member_that_imports_an_earlier_members_capsule_finds_it_taken(rt):
     assert len(seen) == 1 and "consumed already, or is being imported" in seen[0]
     np.testing.assert_array_equal(np.from_dlpack(a), np.arange(5.0))
     np.testing.assert_array_equal(np.from_dlpack(b), np.arange(3.0))
-    del a, b, cap
+    a = b = cap = None
     assert eventually(lambda: w.deletes == 1 and other.deletes == other.exports == 1)
 
 
@@ -177,5 +176,5 @@ def test_threads_racing_for_one_capsule_leave_one_owner(rt):
         assert len(ok) == 1, f"round {r}: {len(ok)} threads took the capsule"
         assert ok[0][1] == array[-1]
         assert all(o[0] != "error" and "consumed already" in o[1] for o in got if o[0] != "ok")
-    del capsules
+    capsules = None
     assert eventually(lambda: all(w.deletes == 1 for w in wrappers))
