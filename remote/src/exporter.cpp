@@ -162,10 +162,12 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
     header.offset = range.offset;
     header.length = range.length;
     ++pub.reads_in_flight;
+    ++pub.readers[ep];
     // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
     const void* data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
-    send_piece_locked(ep, header, data,
-                      [this, lease = pub.lease_id](ucs_status_t) { on_read_done_locked(lease); });
+    send_piece_locked(ep, header, data, [this, lease = pub.lease_id, ep](ucs_status_t) {
+      on_read_done_locked(lease, ep);
+    });
   }
   ucx_->progress();
 }
@@ -265,16 +267,32 @@ void remote_core::wait_for_gathers() {
   gathers_done_.wait(gathers, [this] { return gathers_.empty(); });
 }
 
-void remote_core::on_read_done_locked(std::uint64_t lease_id) {
+void remote_core::on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep) {
+  auto done = [ep](publication& pub) {
+    --pub.reads_in_flight;
+    if (ep == nullptr) return;
+    if (auto r = pub.readers.find(ep); r != pub.readers.end() && --r->second == 0) {
+      pub.readers.erase(r);
+    }
+  };
   if (auto it = publications_.find(lease_id); it != publications_.end()) {
-    --it->second.reads_in_flight;
+    done(it->second);
     return;
   }
   auto it = draining_.find(lease_id);
-  if (it == draining_.end() || --it->second.reads_in_flight > 0) return;
+  if (it == draining_.end()) return;
+  done(it->second);
+  if (it->second.reads_in_flight > 0) return;
+  if (it->second.timer) it->second.timer->cancel();
   retired_.push_back(std::move(it->second.holder));
   draining_.erase(it);
   drop_retired_locked();
+}
+
+void remote_core::close_importer_locked(ucp_ep_h ep) {
+  if (importers_.erase(ep) == 0) return;
+  drop_importer_locked(ep);
+  ucx_->close_endpoint(ep);  // its sends end, their reads with them
 }
 
 void remote_core::on_hold_release_locked(const hold_release& m, ucp_ep_h ep) {
@@ -316,21 +334,31 @@ void remote_core::drop_importer_locked(ucp_ep_h ep) {
 
 void remote_core::expire(std::uint64_t lease_id) {
   std::lock_guard lock(ucx_->mutex());
-  auto it = publications_.find(lease_id);
-  if (it == publications_.end()) return;
-  retire_locked(it);
-  drop_retired_locked();
+  if (stopping_) return;
+  if (auto it = publications_.find(lease_id); it != publications_.end()) {
+    retire_locked(it);
+    drop_retired_locked();
+  }
+  // The lease is over, and sends still read its memory: the importers
+  // behind them (stalled, or slow past the lease) are cut off, which ends
+  // the sends, and the producer goes.
+  auto it = draining_.find(lease_id);
+  if (it == draining_.end()) return;
+  std::vector<ucp_ep_h> readers;
+  for (const auto& [ep, n] : it->second.readers) readers.push_back(ep);
+  for (ucp_ep_h ep : readers) close_importer_locked(ep);
 }
 
 void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator it) {
   publication& pub = it->second;
   if (pub.memh != nullptr) ucp_mem_unmap(ucx_->context(), std::exchange(pub.memh, nullptr));
-  if (pub.timer) pub.timer->cancel();
   pub.holds.clear();
   if (pub.reads_in_flight > 0) {
+    // The lease's timer stays: at its end, what still reads is cut off.
     draining_.insert(publications_.extract(it));
     return;
   }
+  if (pub.timer) pub.timer->cancel();
   retired_.push_back(std::move(pub.holder));
   publications_.erase(it);
 }

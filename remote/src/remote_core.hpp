@@ -73,8 +73,11 @@ struct publication {
   std::chrono::steady_clock::time_point end;
   std::unique_ptr<asio::steady_timer> timer;
   // Sends (and gathers) that may still read the tensor's memory: a
-  // publication that ends meanwhile keeps its holder until they are over.
+  // publication that ends meanwhile keeps its holder until they are over,
+  // or until its lease ends, when the connections still reading are
+  // closed (readers: the sends in flight on each).
   std::uint32_t reads_in_flight = 0;
+  std::map<ucp_ep_h, std::uint32_t> readers;
 };
 
 // An endpoint to one exporter's listener, shared by the imports from it.
@@ -165,8 +168,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                          ucx_worker::send_done done);
   void send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, remote_detail::piece_plan plan,
                            std::uint64_t count, absl::StatusCode code);
-  // A read of the publication's memory is over.
-  void on_read_done_locked(std::uint64_t lease_id);
+  // A read of the publication's memory is over: a send on `ep`, or a
+  // gather (null).
+  void on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep = nullptr);
+  // Closes the connection of an importer: its holds end.
+  void close_importer_locked(ucp_ep_h ep);
   // Counts a hold as released; ends the publication after its last one.
   void release_hold_locked(std::map<std::uint64_t, publication>::iterator it,
                            std::map<std::uint64_t, hold>::iterator h);

@@ -114,6 +114,7 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
   p.owner = this;
   p.self = sends_.begin();
   p.ep = ep;
+  p.sent_on = ep;
   p.message = std::move(m);
   p.done = std::move(done);
   const am_message& msg = p.message;
@@ -152,18 +153,38 @@ void ucx_worker::close_endpoint(ucp_ep_h ep) {
   for (pending_send& p : sends_) {
     if (p.ep == ep) p.ep = nullptr;  // closed: finalize() leaves it alone
   }
+  closing_.push_back(closing{this, ep, nullptr});
+  closing& c = closing_.back();
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
   param.cb.send = [](void* request, ucs_status_t, void* user_data) {
-    auto* self = static_cast<ucx_worker*>(user_data);
-    std::erase(self->closing_, request);
+    auto* c = static_cast<closing*>(user_data);
+    ucx_worker* self = c->owner;
+    const ucp_ep_h closed_ep = c->ep;
+    self->closing_.remove_if([c](const closing& x) { return &x == c; });
     ucp_request_free(request);
+    self->closed(closed_ep);
   };
-  param.user_data = this;
+  param.user_data = &c;
   ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &param);
-  if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+  if (r != nullptr && !UCS_PTR_IS_ERR(r)) {
+    c.request = r;
+    return;
+  }
+  closing_.pop_back();  // closed inside the call
+  closed(ep);
+}
+
+void ucx_worker::closed(ucp_ep_h ep) {
+  // Collected first: a completion may start or end other sends.
+  std::vector<send_done> ended;
+  for (pending_send& p : sends_) {
+    if (p.sent_on == ep && p.done) ended.push_back(std::move(p.done));
+    if (p.sent_on == ep) p.done = nullptr;
+  }
+  for (send_done& d : ended) d(UCS_ERR_CANCELED);
 }
 
 void ucx_worker::settle_closes() {

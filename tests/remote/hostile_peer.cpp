@@ -12,6 +12,8 @@
 //   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
 //       -> "sent": one message of pseudo-random bytes
 //   every_id <header bytes> <data bytes> -> "sent <n>": one message per id
+//   keep_pieces -> "keeping": pieces that come by rendezvous are neither
+//                  received nor dropped from now on, so their sends wait
 //   stall       -> "stalled": the worker is never progressed again
 // As an exporter:
 //   listen <mode> <bytes> -> "listening <port>"; each hold request is
@@ -29,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -71,6 +74,7 @@ struct peer {
   std::atomic<bool> replied{false};
   hold_reply reply;
   std::atomic<std::uint64_t> received{0};
+  bool keep = false;  // pieces by rendezvous are kept, never received
 
   static ucs_status_t on_reply(void* arg, const void* header, std::size_t length, void*,
                                std::size_t, const ucp_am_recv_param_t*) {
@@ -82,8 +86,12 @@ struct peer {
     return UCS_OK;
   }
   static ucs_status_t on_piece(void* arg, const void*, std::size_t, void*, std::size_t length,
-                               const ucp_am_recv_param_t*) {
-    static_cast<peer*>(arg)->received += length;
+                               const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<peer*>(arg);
+    self->received += length;
+    // Kept: the rendezvous is neither received nor dropped, so its sender
+    // waits for good.
+    if (self->keep && (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_INPROGRESS;
     return UCS_OK;  // a rendezvous is dropped, and completed for its sender
   }
   static void on_connection(ucp_conn_request_h request, void* arg) {
@@ -308,6 +316,10 @@ int main(int argc, char** argv) {
         }
       }
       say("sent " + std::to_string(n));
+    } else if (command == "keep_pieces") {
+      std::lock_guard lock(p.ucx->mutex());
+      p.keep = true;
+      say("keeping");
     } else if (command == "stall") {
       std::lock_guard lock(p.ucx->mutex());
       p.ucx->stop();
@@ -323,18 +335,18 @@ int main(int argc, char** argv) {
       }
       say("listening " + std::to_string(*port));
     } else if (command == "quit") {
-      {
-        std::lock_guard lock(p.ucx->mutex());
-        p.ucx->finalize();
-      }
-      work.reset();
-      p.io.stop();
-      p.runner.join();
-      say("bye");
-      return 0;
+      break;
     } else if (!command.empty()) {
       say("error unknown command " + command);
     }
   }
+  {
+    std::lock_guard lock(p.ucx->mutex());
+    p.ucx->finalize();
+  }
+  work.reset();
+  p.io.stop();
+  p.runner.join();
+  say("bye");
   return 0;
 }

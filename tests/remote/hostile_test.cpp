@@ -130,6 +130,26 @@ TEST_CASE("only its holder releases a hold, and memory outlives every granted re
   REQUIRE(peer_reaches(*peer, "deleted", 1));
 }
 
+TEST_CASE("an importer that never takes its bytes holds the memory only until the lease ends",
+          "[remote][hostile]") {
+  // Without a bound, a rendezvous the importer neither receives nor drops
+  // kept the exporter's send, and the published memory with it, for good.
+  const std::string transports = GENERATE(std::string("shm"), std::string("tcp"));
+  INFO("transports " << transports);
+  auto peer = start_peer(transports);
+  const remote_descriptor d =
+      descriptor_from(peer->ask("publish 1:8:1 contiguous 16777216 1 1500 3"));
+  auto hostile = start_hostile(transports);
+  connect(*hostile, d);
+  REQUIRE(hostile->ask("keep_pieces") == "keeping");
+  REQUIRE_THAT(*hostile->ask("hold " + hex(d) + " 1 0"), Catch::StartsWith("reply 0 "));
+  REQUIRE(peer_count(*peer, "deleted") == 0);
+  // At the lease's end the exporter cuts the stalled importer off.
+  REQUIRE(peer_reaches(*peer, "deleted", 1));
+  REQUIRE(peer_count(*peer, "publications") == 0);
+  REQUIRE(peer->ask("quit") == "bye 1");
+}
+
 TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and budget at once",
           "[remote][hostile]") {
   // Before: buffers with receives or gets under way were never freed (64 to

@@ -13,6 +13,8 @@
 //   quit           -> shuts the node down, "bye <deleted>", exits 0
 //
 // Options: --transports=<UCX_TLS list>.
+#include <unistd.h>
+
 #include <atomic>
 #include <cstdio>
 #include <iostream>
@@ -29,13 +31,17 @@ namespace {
 
 using namespace dlasync;
 
+// The answers' stream: stdout as it was when the process started. UCX
+// prints its log lines on stdout, which main() points at stderr.
+FILE* answers = stdout;
 std::mutex out_mutex;
 std::atomic<int> deleted{0};
 std::vector<unsigned char> secret;
 
 void say(const std::string& line) {
   std::lock_guard lock(out_mutex);
-  std::cout << line << '\n' << std::flush;
+  std::fprintf(answers, "%s\n", line.c_str());
+  std::fflush(answers);
 }
 
 dtype parse_dtype(const std::string& s) {
@@ -76,6 +82,8 @@ std::string publish(remote_node& node, const dtype& type, const std::string& lay
 }  // namespace
 
 int main(int argc, char** argv) {
+  answers = fdopen(dup(STDOUT_FILENO), "w");
+  dup2(STDERR_FILENO, STDOUT_FILENO);
   remote_node_options options;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];

@@ -139,16 +139,21 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   using send_done = absl::AnyInvocable<void(ucs_status_t)>;
   // Sends `m` on `ep`. `done` (may be empty) runs once when the send is
   // over: inside this call when it completes or fails at once, else from
-  // progress() with UCX's status. A send still pending when finalize()
-  // destroys the worker ends with it: its bytes are freed, and `done` runs
-  // only if UCX completes the send as the worker goes. Requires the mutex. Returns UCS_OK, UCS_INPROGRESS or UCX's
-  // error for the start.
+  // progress() with UCX's status, or with UCS_ERR_CANCELED when `ep` is
+  // closed (close_endpoint) before UCX completes it. A send still pending
+  // when finalize() destroys the worker ends with it: its bytes are freed,
+  // and `done` runs only if UCX completes the send as the worker goes.
+  // Requires the mutex. Returns UCS_OK, UCS_INPROGRESS or UCX's error for
+  // the start.
   ucs_status_t send_am(ucp_ep_h ep, am_message m, send_done done = nullptr);
   // Sends started here that UCX has not completed. Requires the mutex.
   std::size_t sends_pending() const noexcept { return sends_.size(); }
   // Closes `ep` at once (UCP_EP_CLOSE_FLAG_FORCE); its operations end with
-  // errors, though UCX 1.13 leaves a rendezvous already requested pending. The worker frees the close request when it completes. Requires
-  // the mutex.
+  // errors. UCX 1.13 leaves a rendezvous already requested pending: when the
+  // close completes, such a send's `done` runs with UCS_ERR_CANCELED (no
+  // transfer can go on without the endpoint), and the worker keeps its
+  // bytes until UCX lets go of the request or the worker ends. The worker
+  // frees the close request when it completes. Requires the mutex.
   void close_endpoint(ucp_ep_h ep);
   // Progresses until the closes under way complete, at most 5 seconds (their
   // operations' callbacks run inside). Requires the mutex.
@@ -185,9 +190,17 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
     ucx_worker* owner = nullptr;
     std::list<pending_send>::iterator self;
     ucp_ep_h ep = nullptr;  // null once close_endpoint closed it
+    ucp_ep_h sent_on = nullptr;
     am_message message;
-    send_done done;
+    send_done done;  // empty once it ran
   };
+  struct closing {
+    ucx_worker* owner = nullptr;
+    ucp_ep_h ep = nullptr;
+    void* request = nullptr;
+  };
+  // The close of `ep` completed: its sends UCX still holds are over.
+  void closed(ucp_ep_h ep);
   // A send is over: its message is dropped, then its completion runs.
   void end_send(std::list<pending_send>::iterator sent, ucs_status_t status);
 
@@ -205,7 +218,7 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   bool waiting_ = false;  // an async_wait is pending
   std::unique_ptr<asio::posix::stream_descriptor> events_;
   std::list<pending_send> sends_;  // sends UCX has not completed
-  std::vector<void*> closing_;     // endpoint closes not yet complete
+  std::list<closing> closing_;     // endpoint closes not yet complete
 };
 
 }  // namespace dlasync
