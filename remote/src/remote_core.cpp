@@ -1,5 +1,7 @@
 #include "remote/src/remote_core.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -260,7 +262,20 @@ void remote_core::shutdown() {
     ops.reserve(imports_.size());
     for (auto& [id, op] : imports_) ops.push_back(op);
     for (auto& op : ops) op->on_shutdown_locked();
-    for (auto& [key, e] : endpoints_) close_endpoint_locked(*e);
+    // Receives under way finish first (bounded): UCX 1.13 may leave the
+    // last message of a rendezvous queued on an endpoint closed under it,
+    // and then aborts when the worker is destroyed.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    auto writing = [&ops] {
+      return std::any_of(ops.begin(), ops.end(), [](const auto& op) { return op->writing(); });
+    };
+    while (writing() && std::chrono::steady_clock::now() < until) {
+      ucp_worker_progress(ucx_->worker());
+    }
+    // The exporters are alive: what was sent to them goes out first.
+    for (auto& [key, e] : endpoints_) {
+      if (e->ep != nullptr) ucx_->close_endpoint(std::exchange(e->ep, nullptr), true);
+    }
     for (auto& e : failed_endpoints_) close_endpoint_locked(*e);
     for (auto& [ep, c] : importers_) ucx_->close_endpoint(ep);
     importers_.clear();

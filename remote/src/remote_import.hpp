@@ -57,6 +57,8 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // could still make) is gone.
   void on_shutdown_locked();
   void after_finalize_locked();
+  // Whether UCX may still write into the buffer.
+  bool writing() const noexcept { return writes_in_flight_ > 0 || rma_issuing_; }
 
  private:
   // What lands in the buffer: the compact row-major bytes, or the span the

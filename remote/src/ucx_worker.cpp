@@ -149,7 +149,7 @@ void ucx_worker::end_send(std::list<pending_send>::iterator sent, ucs_status_t s
   if (finished) finished(status);
 }
 
-void ucx_worker::close_endpoint(ucp_ep_h ep) {
+void ucx_worker::close_endpoint(ucp_ep_h ep, bool flush) {
   for (pending_send& p : sends_) {
     if (p.ep == ep) p.ep = nullptr;  // closed: finalize() leaves it alone
   }
@@ -158,7 +158,7 @@ void ucx_worker::close_endpoint(ucp_ep_h ep) {
   ucp_request_param_t param{};
   param.op_attr_mask =
       UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.flags = flush ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
   param.cb.send = [](void* request, ucs_status_t, void* user_data) {
     auto* c = static_cast<closing*>(user_data);
     ucx_worker* self = c->owner;

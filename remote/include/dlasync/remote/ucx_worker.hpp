@@ -154,7 +154,13 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // transfer can go on without the endpoint), and the worker keeps its
   // bytes until UCX lets go of the request or the worker ends. The worker
   // frees the close request when it completes. Requires the mutex.
-  void close_endpoint(ucp_ep_h ep);
+  //
+  // `flush`: the sends under way go out first (UCX's flush mode), as when
+  // the peer is alive and only this side is going: UCX 1.13 aborts when a
+  // worker is destroyed after a forced close of an endpoint whose connection
+  // was still being made with a send queued on it. settle_closes bounds the
+  // wait.
+  void close_endpoint(ucp_ep_h ep, bool flush = false);
   // Progresses until the closes under way complete, at most 5 seconds (their
   // operations' callbacks run inside). Requires the mutex.
   void settle_closes();
