@@ -15,14 +15,15 @@
 namespace dlasync {
 namespace {
 
-// The runtimes that have a node: one each.
+// The runtimes that have a node: one each. Never destroyed, so that a node
+// that goes while statics are destroyed at exit still finds them.
 std::mutex& nodes_mutex() {
-  static std::mutex m;
-  return m;
+  static auto* m = new std::mutex;
+  return *m;
 }
 std::set<const runtime*>& nodes() {
-  static std::set<const runtime*> s;
-  return s;
+  static auto* s = new std::set<const runtime*>;
+  return *s;
 }
 
 absl::Status check(const publish_options& o) {
