@@ -1,7 +1,7 @@
 // Where the CUDA reactor hands its completions (internal). The reactor only
-// polls events; what follows an event (a marker's callbacks: a deleter, the
-// next staging piece, the grant of the next import, a handler's delivery)
-// runs on the workers this names (work_pool: the runtime's own threads, or
+// polls events; what follows an event (a marker's callbacks: the hand-off
+// of a source to the releaser, the next staging piece, the grant of the
+// next import, a handler's delivery) runs on the workers this names (work_pool: the runtime's own threads, or
 // the worker executor the caller gave in runtime_options), posted as their
 // counted tasks, so that a worker lingering for a split copy makes way for
 // it. Once the runtime has begun

@@ -198,9 +198,13 @@ void runtime_core::shutdown() {
     std::unique_lock lock(ops_mutex_);
     ops_done_.wait(lock, [this] { return ops_.empty(); });
   }
-  // Every import has released its source; now stop the threads, once no
-  // CUDA completion callback is still handing work to them. Completions
-  // that arrive later run on the reactor thread.
+  // Every import has handed its source to the releaser: run their deleters
+  // while the threads still run, so that a deleter that waits for something
+  // of the runtime's (an import it started before shutdown) gets it. A
+  // deleter that never returns holds shutdown for as long.
+  releases_.drain();
+  // Now stop the threads, once no CUDA completion callback is still handing
+  // work to them. Completions that arrive later run on the reactor thread.
   if (cuda_) cuda_->quiesce();
   completions_->detach();
   work_.reset();

@@ -2,10 +2,11 @@
 // the transfer layer and the tests to reach. The public class is a facade
 // over it (dlasync/runtime/runtime.hpp says what it promises).
 //
-// It owns, in the order they are built: the options, the copy budget, the
-// worker pool, the host backend, the CUDA backend when there is one, the
-// device registry, the io_context and its threads. Imports register as
-// operations so that shutdown can cancel them and wait for them.
+// It owns, in the order they are built: the options, the releaser that
+// runs producers' deleters, the copy budget, the worker pool, the host
+// backend, the CUDA backend when there is one, the device registry, the
+// io_context and its threads. Imports register as operations so that
+// shutdown can cancel them and wait for them.
 //
 // Thread safety: all members are safe to call from any thread.
 #pragma once
@@ -31,6 +32,7 @@
 #include "runtime/src/cuda/cuda_backend.hpp"
 #include "runtime/src/handoff.hpp"
 #include "runtime/src/host/host_backend.hpp"
+#include "runtime/src/releaser.hpp"
 #include "runtime/src/runtime_counters.hpp"
 #include "runtime/src/work_pool.hpp"
 
@@ -64,6 +66,11 @@ class runtime_core {
   // (runtime_options::executor) or the io_context's.
   const asio::any_io_executor& executor() const noexcept { return executor_; }
   work_pool& workers() noexcept { return *workers_; }
+  // Where a copy's source deleter runs once nothing reads the source: a
+  // thread of its own, so that a producer's deleter that blocks delays no
+  // import. Drained by shutdown, after the imports and before the threads
+  // stop.
+  releaser& releases() noexcept { return releases_; }
   // Where completions that arrive on the CUDA reactor, and budget grants
   // that arrive on a thread dropping a tensor, continue: the workers, until
   // shutdown stops them.
@@ -98,9 +105,10 @@ class runtime_core {
   std::uint64_t begin_operation(std::function<void()> cancel);
   void end_operation(std::uint64_t id);
 
-  // Stops accepting, cancels what is in flight, waits for it, stops the
-  // threads and destroys the handlers still queued on the executor (their
-  // tensors released). Every caller returns once that is done.
+  // Stops accepting, cancels what is in flight, waits for it and for every
+  // deleter handed to the releaser, stops the threads and destroys the
+  // handlers still queued on the executor (their tensors released). Every
+  // caller returns once that is done.
   void shutdown();
 
  private:
@@ -119,6 +127,8 @@ class runtime_core {
 
   runtime_options options_;
   runtime_hooks hooks_;
+  // Before everything that hands it deleters, so that it outlives them.
+  releaser releases_;
   std::shared_ptr<memory_budget> budget_;
   std::unique_ptr<work_pool> workers_;
   std::unique_ptr<host_backend> host_;

@@ -1,5 +1,6 @@
-// The runtime's workers (internal): where copies, staging gathers, deleters
-// and completions run. Either threads of the runtime's own (an
+// The runtime's workers (internal): where copies, staging gathers and
+// completions run (never producers' deleters: runtime/src/releaser.hpp).
+// Either threads of the runtime's own (an
 // asio::thread_pool of runtime_options::worker_threads) or an executor the
 // caller gave (runtime_options::worker_executor), such as a server's own
 // thread pool; then the runtime starts no worker threads. Tasks are counted,

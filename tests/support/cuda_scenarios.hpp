@@ -117,7 +117,7 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
       if (pageable_copies) CHECK(pageable_copies() == pageable_before);
       CHECK(t->device() == *o.target);
       CHECK(t->is_copy());
-      CHECK(count.calls == 1);
+      CHECK(released(count));
       CHECK(read_back(*cuda_of(rt), *t) == expected_bytes(layout.first(), c, type));
     }
   }
@@ -142,7 +142,7 @@ inline void scenario_gpu_layouts_to_host(runtime& rt, int source_device) {
       REQUIRE(t.ok());
       CHECK(t->is_copy());
       CHECK(t->is_compact());
-      CHECK(count.calls == 1);
+      CHECK(released(count));
       CHECK(same_elements(*t, layout.first(), c, type));
     }
   }
@@ -167,7 +167,7 @@ inline void scenario_gpu_to_host(runtime& rt, int source_device) {
     absl::StatusOr<tensor> t = import_now(rt, source, o);
     REQUIRE(t.ok());
     CHECK(t->device() == host_device);
-    CHECK(count.calls == 1);
+    CHECK(released(count));
     const auto* out = static_cast<const float*>(t->data());
     bool same = true;
     for (int i = 0; i < static_cast<int>(s.shape[0]); ++i) {
@@ -222,7 +222,7 @@ inline void scenario_gpu_to_gpu(runtime& rt, int first, int second) {
       absl::StatusOr<tensor> t = import_now(rt, source, o);
       REQUIRE(t.ok());
       CHECK(t->device() == *o.target);
-      CHECK(count.calls == 1);
+      CHECK(released(count));
       CHECK(read_back(*cuda_of(rt), *t) == as_bytes(strided ? transposed : host));
     }
   }
@@ -346,7 +346,7 @@ inline void scenario_managed(runtime& rt, int device_ordinal, int other) {
     REQUIRE(t.ok());
     CHECK(t->is_copy());
     CHECK(std::memcmp(t->data(), managed, 4096 * sizeof(float)) == 0);
-    CHECK(count.calls == 1);
+    CHECK(released(count));
   }
   {
     INFO("a strided copy to the other GPU, compacted");

@@ -13,6 +13,7 @@
 #include "catch2/catch.hpp"
 #include "dlasync/runtime/runtime.hpp"
 #include "support/sim_runtime.hpp"
+#include "support/test_tensors.hpp"
 
 namespace dlasync::testing {
 
@@ -51,6 +52,13 @@ inline bool eventually(const std::function<bool()>& done) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
+}
+
+// Whether the deleter that `count` counts has run `calls` times, waiting for
+// it as `eventually` does: a copy's source deleter runs on the runtime's
+// releaser, and may run after the import's result has arrived.
+inline bool released(const deleter_count& count, int calls = 1) {
+  return eventually([&] { return count.calls.load() == calls; });
 }
 
 // Calls start(n, io) for every n in [0, threads * per_thread), from

@@ -244,7 +244,7 @@ TEST_CASE("a large upload overlaps chunks on several streams and staging threads
   o.target = device{device_kind::cuda, 0};
   absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
   REQUIRE(t.ok());
-  CHECK(count.calls == 1);
+  CHECK(testing::released(count));
   CHECK(static_cast<const float*>(t->data())[host.size() - 1] ==
         static_cast<float>(host.size() - 1));
   const cuda::sim_stats st = r.sim->stats();
@@ -272,7 +272,7 @@ TEST_CASE("a one-piece upload travels on the import's stream, a larger one on th
     absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
     std::map<std::string, std::uint64_t> calls = r.sim->call_counts();
     REQUIRE(t.ok());
-    CHECK(count.calls == 1);
+    CHECK(testing::released(count));
     const auto* out = static_cast<const float*>(t->data());
     bool transposed = true;
     for (std::int64_t i = 0; i < side && transposed; ++i) {
@@ -320,7 +320,7 @@ TEST_CASE("an exhausted pinned pool makes imports wait, not fail", "[cuda][impor
     absl::StatusOr<tensor> t = results[i].get();
     REQUIRE(t.ok());
     CHECK(static_cast<const float*>(t->data())[39999] == 1.5f);
-    CHECK(counts[i].calls == 1);
+    CHECK(testing::released(counts[i]));
   }
 }
 
@@ -338,7 +338,7 @@ TEST_CASE("running out of GPU memory fails the import cleanly", "[cuda][import][
   o.target = device{device_kind::cuda, 0};
   require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kResourceExhausted,
                  {"cudaMallocAsync", "cuda:0", "cudaErrorMemoryAllocation"});
-  CHECK(count.calls == 1);
+  CHECK(testing::released(count));
   CHECK(r.rt->copy_budget().in_use() == 0);
 }
 
@@ -356,12 +356,12 @@ TEST_CASE("a CUDA error mid-pipeline fails that import only, with the call named
   managed_tensor source = make_tensor(s, count);
   require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
                  {"cudaMemcpyAsync", "cudaErrorLaunchFailure (719)"});
-  CHECK(count.calls == 1);
+  CHECK(testing::released(count));
 
   deleter_count next;
   managed_tensor again = make_tensor(s, next);
   CHECK(import_now(*r.rt, again, o).ok());  // the runtime serves the next import
-  CHECK(next.calls == 1);
+  CHECK(testing::released(next));
   CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
 }
 
@@ -396,12 +396,13 @@ TEST_CASE("a sticky CUDA error fails imports with its name instead of hanging",
     require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kInternal,
                    {"cudaMallocAsync", "cudaErrorIllegalAddress"});
     CHECK(source.empty());
-    CHECK(count.calls == 1);
+    CHECK(testing::released(count));
     r.sim->clear_faults();
   }
   deleter_count next;
   managed_tensor again = make_tensor(s, next);
   CHECK(import_now(*r.rt, again, o).ok());
+  CHECK(testing::released(next));
 }
 
 TEST_CASE("cancelling mid-pipeline stops the upload and releases everything",
@@ -429,7 +430,7 @@ TEST_CASE("cancelling mid-pipeline stops the upload and releases everything",
   signal.emit(asio::cancellation_type::terminal);
   io.run();
   require_status(result.status(), absl::StatusCode::kCancelled, {"during its copy"});
-  CHECK(count.calls == 1);
+  CHECK(testing::released(count));
   CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(0) == 0; }));
 }
 
@@ -464,6 +465,7 @@ TEST_CASE("1,000 concurrent GPU imports from several threads each complete once"
   CHECK(testing::start_from_threads(threads, per_thread, start,
                                     [&] { return done.load() == threads * per_thread; }));
   CHECK(ok == threads * per_thread);
+  r.rt->shutdown();  // every deleter has run
   int once = 0;
   for (int n = 0; n < threads * per_thread; ++n) once += counts[n].calls == 1;
   CHECK(once == threads * per_thread);
@@ -568,7 +570,7 @@ TEST_CASE("a batch's copying members run asynchronously, each released once",
     CHECK(results[i]->device() == *o.target);
     CHECK(std::memcmp(results[i]->data(), data[i].data(), data[i].size() * sizeof(float)) == 0);
     CHECK(sources[i].empty());
-    CHECK(counts[i].calls == 1);
+    CHECK(testing::released(counts[i]));
   }
 }
 
@@ -605,7 +607,7 @@ TEST_CASE("cancelling a batch cancels the members still running", "[cuda][import
     INFO("member " << i << ": " << results[i].status().ToString());
     CHECK((results[i].ok() || results[i].status().code() == absl::StatusCode::kCancelled));
     cancelled += results[i].status().code() == absl::StatusCode::kCancelled;
-    CHECK(counts[i].calls == 1);
+    CHECK(testing::released(counts[i]));
   }
   CHECK(cancelled > 0);
   results.clear();

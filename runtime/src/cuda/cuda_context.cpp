@@ -86,8 +86,8 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s, cuda::api::site wh
     std::lock_guard lock(live_mutex_);
     live_[marker.get()] = {device, *e};
   }
-  // The reactor only hands off: the marker's callbacks (deleters, the next
-  // staging piece, delivery) run on the completions executor, with the
+  // The reactor only hands off: the marker's callbacks (a source handed to
+  // the releaser, the next staging piece, delivery) run on the workers, with the
   // context held so that it outlives them and the event goes back after.
   reactor_->watch(device, *e,
                   [self = weak_from_this(), marker, device, event = *e](const absl::Status& st) {

@@ -126,7 +126,7 @@ void batch_operation::on_budget(absl::Status status) {
     import_start& m = members_[i];
     if (!needs_budget(m)) continue;
     if (!status.ok()) {
-      m.source.reset();  // consumed: nothing reads it yet
+      release_later(core_, std::move(m.source));  // consumed: nothing reads it yet
       const absl::Status failed = failed_after_taking(status, m.plan);
       m.ready = failed;
       member_ended(i, failed);

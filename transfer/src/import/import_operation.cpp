@@ -24,6 +24,16 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
   return with_import_error(std::move(status), e);
 }
 
+void release_later(runtime_core& core, managed_tensor source) {
+  // Without a deleter there is nothing to run: nothing is handed over, and
+  // the struct, which its producer may free or reuse once the import has
+  // completed, is not read again.
+  const bool has_deleter = source.versioned() != nullptr ? source.versioned()->deleter != nullptr
+                                                         : source.legacy()->deleter != nullptr;
+  if (!has_deleter) return source.reset();
+  core.releases().post([source = std::move(source)]() mutable { source.reset(); });
+}
+
 std::uint64_t acquire_budget(runtime_core& core, std::uint64_t bytes,
                              memory_budget::grant_fn granted) {
   const std::thread::id starter = std::this_thread::get_id();
@@ -220,8 +230,9 @@ void import_operation::after(const marker_ptr& m, completion_marker::callback fn
   std::optional<absl::Status> done = m->on_complete_unless_done(fn);
   if (!done) return;  // runs where the copy completes: a worker, or the reactor's hand-off
   // Done already (a worker finished the copy before this thread got here,
-  // or it failed as it was enqueued): what follows, the source's deleter
-  // among it, runs on a worker, not on the thread that starts the import.
+  // or it failed as it was enqueued): what follows, the hand-off of the
+  // source among it, runs on a worker, not on the thread that starts the
+  // import.
   if (core_.workers().running_in_this_thread()) return std::move(fn)(*std::move(done));
   core_.workers().post(
       [fn = std::move(fn), status = *std::move(done)]() mutable { std::move(fn)(status); });
@@ -239,14 +250,15 @@ bool import_operation::caller_stream_follows(const marker_ptr& m) {
 void import_operation::release_source() {
   if (!source_) return;
   // The simulation checks that no device work of this import still reads
-  // the bytes its strides reach (validation's span).
+  // the bytes its strides reach (validation's span), when the import gives
+  // them up: here, not on the releaser, whose deleter runs later still.
   if (cuda::api* api = core_.cuda_api(); api != nullptr && plan_.source.kind != device_kind::cpu) {
     api->host_access(static_cast<const char*>(first_element(plan_)) + plan_.span_begin,
                      static_cast<std::uint64_t>(plan_.span_end - plan_.span_begin),
                      cuda::host_use::release, "the DLPack deleter of the source runs",
                      control_->owner);
   }
-  source_.reset();
+  release_later(core_, std::move(source_));
 }
 
 void import_operation::on_copied(absl::Status status) {

@@ -38,7 +38,8 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   // True when the caller's consumer stream now waits for `m` on the device,
   // so that the import may resume before `m` completes.
   bool caller_stream_follows(const marker_ptr& m);
-  // Releases the source (its deleter runs): nothing may read it any more.
+  // Hands the source to the releaser, where its deleter runs: nothing may
+  // read it any more.
   void release_source();
   // Runs `fn` when `m` completes, never on the thread that starts the import.
   void after(const marker_ptr& m, completion_marker::callback fn);
@@ -79,6 +80,13 @@ absl::Status refused(absl::Status status, const char* rule, const import_plan* p
 
 // `status` as the failure of an import that had taken its tensor.
 absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
+
+// Hands `source`, consumed and read by nothing any more, to the runtime's
+// releaser, which runs its deleter (runtime/src/releaser.hpp): a producer's
+// deleter is user code that may block, and on the thread that completes a
+// copy (a worker, or the CUDA reactor at shutdown) it would hold up other
+// imports.
+void release_later(runtime_core& core, managed_tensor source);
 
 // Acquires `bytes` of the copy budget (memory_budget::acquire) for
 // `granted`: a grant made at once runs on this thread, inside the call; a
