@@ -6,6 +6,9 @@
 //     place to `co_spawn` request handlers;
 //   - a worker pool for copy work, separate so that copies never stall the
 //     executor;
+//   - a releaser thread, started by the first producer's deleter it is
+//     handed, where copies' source deleters run, so that one that blocks
+//     delays no import;
 //   - the process topology and the device registry;
 //   - the backends that serve the devices (the host, and CUDA GPUs, real or
 //     simulated) with their in-order streams;
@@ -20,10 +23,11 @@
 // Shutdown (`shutdown()`, or the destructor): new imports are refused with
 // Unavailable (not consumed), imports in flight are cancelled (Cancelled,
 // consumed), and every accepted tensor's deleter has run before it
-// returns. Handlers not yet run on the runtime's own executor are destroyed
-// without being called, and the tensors they held released, before it
-// returns. Concurrent callers all return once it is done. It must not be
-// called from one of the runtime's own threads.
+// returns (a deleter that never returns holds it for as long). Handlers not
+// yet run on the runtime's own executor are destroyed without being called,
+// and the tensors they held released, before it returns. Concurrent callers
+// all return once it is done. It must not be called from one of the
+// runtime's own threads, nor from a deleter.
 //
 // A handler that throws on the runtime's executor does not end the process:
 // the exception goes to runtime_options::on_handler_exception (stderr by

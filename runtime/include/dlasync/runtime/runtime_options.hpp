@@ -62,9 +62,10 @@ struct runtime_options {
   // the caller runs that executor for as long as imports may complete, and
   // handlers that throw there reach the caller's run(), as Asio does.
   std::optional<asio::any_io_executor> executor;
-  // `worker_executor`: where copies, staging gathers, deleters and the
-  // continuations of GPU work run (a server's own thread pool, say). The
-  // runtime then starts no worker threads. It must run tasks concurrently
+  // `worker_executor`: where copies, staging gathers and the continuations
+  // of GPU work run (a server's own thread pool, say). The runtime then
+  // starts no worker threads; producers' deleters still run on its releaser
+  // thread, never on this executor. It must run tasks concurrently
   // with the caller's threads, run them until shutdown() returns, and a
   // task posted to it must not wait for an import (shutdown waits for the
   // runtime's tasks on it).

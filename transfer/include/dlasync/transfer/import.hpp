@@ -12,18 +12,22 @@
 // completion token: at the call for callbacks and use_future, at launch for
 // deferred (the default token), when awaited for use_awaitable. A consumed
 // tensor's deleter runs exactly once: for a view, when the last reference to
-// the imported tensor goes; for a copy, as soon as the copy has finished
-// reading it, before the result is delivered, also on error, cancellation
-// and runtime shutdown.
+// the imported tensor goes; for a copy, once the copy has finished reading
+// it, also on error, cancellation and runtime shutdown. A copy's deleter may
+// run after its result is delivered (a small host copy done inline runs it
+// before the import returns), and has run when shutdown returns: the DLPack
+// struct and what its deleter uses must stay valid until it runs.
 //
 // Where things run. The CUDA reactor thread only polls events and hands
-// off. Deleters, budget grants, the start of a waiting import and the
+// off. A copy's source deleter runs on the runtime's releaser, one thread
+// of its own that runs deleters in the order they come, so that a deleter
+// that blocks delays no import; a small host copy done inline runs its
+// deleter on the calling thread; a view's deleter runs where its last
+// reference goes. Budget grants, the start of a waiting import and the
 // continuations of GPU work run on the runtime's workers (its own threads,
-// or runtime_options::worker_executor); a small host copy done inline runs
-// its deleter on the calling thread; a view's deleter runs where its last
-// reference goes. Handlers run on their associated executor, or the
-// runtime's (runtime::get_executor) when they have none. docs/import.md
-// has the table.
+// or runtime_options::worker_executor). Handlers run on their associated
+// executor, or the runtime's (runtime::get_executor) when they have none.
+// docs/import.md has the table.
 //
 // Stream ordering. Host memory has no streams: `options.stream` must be
 // none (stream_no_sync). The copy is enqueued on one of the in-order
