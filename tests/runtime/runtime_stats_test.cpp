@@ -122,6 +122,9 @@ TEST_CASE("views and copies are counted exactly, whichever form imports them", "
   CHECK(bucket_sum(s.latency) == 11);
   // The six views completed inside their calls: the first bucket has them.
   CHECK(s.latency.buckets[0] >= 6);
+  // The copies' deleters run on the releaser: shutdown waits for them, before
+  // what they count goes.
+  rt->shutdown();
 }
 
 TEST_CASE("refusals and failures count as failed, never as views or copies", "[runtime][stats]") {
@@ -208,6 +211,7 @@ TEST_CASE("an import waiting for the budget is in flight and waiting until it ge
   CHECK(s.copies == 2);
   CHECK(s.bytes.host_to_host == 2 * m.bytes());
   CHECK(s.latency.count == 2);
+  CHECK(testing::released(count));
 }
 
 TEST_CASE("an import's latency lands in the bucket of its duration", "[runtime][stats]") {
@@ -338,6 +342,7 @@ TEST_CASE("simulated GPU copies count their bytes on the path that moved them",
       REQUIRE(t.ok());
       CHECK(testing::mismatch(*t, p).empty());
     }
+    CHECK(testing::released(count));
     ++imported;
     std::vector<std::uint64_t> expected = before;
     expected[field_of(p)] += memory.elements * sizeof(float);

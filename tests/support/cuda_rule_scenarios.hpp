@@ -128,6 +128,7 @@ inline void scenario_per_thread_producer(runtime& rt, int device_ordinal,
   REQUIRE(t.ok());
   CHECK(static_cast<const float*>(t->data())[0] == 0.0f);
   CHECK(static_cast<const float*>(t->data())[1023] == 1023.0f);
+  CHECK(released(count));
   finish_stream(api, device_ordinal, per_thread_stream());
 }
 

@@ -288,6 +288,7 @@ inline void scenario_producer_stream(runtime& rt, int device_ordinal,
     CHECK(std::chrono::steady_clock::now() - called >= delay / 2);
     if (to_host) {
       CHECK(static_cast<const float*>(t->data())[1023] == 1023.0f);
+      CHECK(released(count));
     } else {
       CHECK(t->is_view());
       const std::vector<std::uint8_t> now = read_back(api, *t);

@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <numeric>
@@ -26,9 +29,28 @@ inline constexpr device second_cpu{device_kind::cpu, 1};
 
 struct deleter_count {
   std::atomic<int> calls{0};
+  // Tensors made with this count (make_tensor).
+  std::atomic<int> made{0};
   // Runs in the deleter, before the count: tests free the tensor's memory
   // here, so that a read after the release shows under ASan.
   std::function<void()> on_delete;
+
+  deleter_count() = default;
+  deleter_count(const deleter_count&) = delete;
+  deleter_count& operator=(const deleter_count&) = delete;
+  // A deleter still to run would write into this count once it is gone (a
+  // copy's deleter runs on the runtime's releaser, perhaps after the
+  // result arrived): the test must wait for it first (released(), or the
+  // runtime's shutdown). Said loudly, where it would otherwise corrupt
+  // memory; while a failed REQUIRE unwinds, only said.
+  ~deleter_count() {
+    if (made.load() <= calls.load()) return;
+    std::fprintf(stderr,
+                 "deleter_count destroyed with %d of its %d deleters still to run: wait for "
+                 "them (testing::released, or shut the runtime down) before it goes\n",
+                 made.load() - calls.load(), made.load());
+    if (std::uncaught_exceptions() == 0) std::abort();
+  }
 };
 
 struct tensor_spec {
@@ -72,6 +94,7 @@ inline managed_tensor make_tensor(const tensor_spec& spec, deleter_count& count)
   d.strides = spec.strides;
   d.byte_offset = spec.byte_offset;
   d.flags = spec.flags;
+  count.made.fetch_add(1);
   managed_tensor t = make_managed_tensor(
       std::move(d),
       [&count] {

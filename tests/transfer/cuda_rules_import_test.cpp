@@ -109,6 +109,7 @@ TEST_CASE("a process opens contexts only on the GPUs it owns", "[cuda][runtime][
     testing::require_status(testing::import_now(*r.rt, again, o).status(),
                             absl::StatusCode::kFailedPrecondition, {"belongs to", "rank"});
     CHECK(r.sim->contexts() == std::vector<int>{rank});
+    CHECK(testing::released(count));  // the copy's; `again` still holds its tensor
   }
   sim_runtime both = make_sim_runtime();
   CHECK(both.sim->contexts().size() == 2);
@@ -144,6 +145,7 @@ TEST_CASE("the caller's current device is what it was after dlasync's calls",
   REQUIRE(testing::import_now(*r.rt, source, o).ok());
   REQUIRE(r.sim->get_device(&current) == cuda::error::success);
   CHECK(current == 1);
+  CHECK(testing::released(count));
 }
 
 TEST_CASE("a thread with no context is left with none, and no context on device 0",
@@ -165,6 +167,7 @@ TEST_CASE("a thread with no context is left with none, and no context on device 
     CHECK(current == nullptr);
     // Restoring "device 0" with cudaSetDevice would have opened its context.
     CHECK(r.sim->contexts() == std::vector<int>{1});
+    CHECK(testing::released(count));
   }).join();
 }
 

@@ -12,7 +12,6 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/transfer/import.hpp"
-#include "runtime/src/runtime_core.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_runtime.hpp"
 #include "support/test_tensors.hpp"
@@ -227,7 +226,7 @@ TEST_CASE("shutdown returns only once every deleter handed over has run",
     rt->shutdown();
     returned = true;
   });
-  const bool stopping = within_guard([&] { return !detail::core_of(*rt).accepting(); });
+  const bool stopping = within_guard([&] { return !rt->accepting(); });
   // Shutdown has begun, and cannot be done while the deleter blocks.
   const bool returned_early = returned.load();
   g.open();

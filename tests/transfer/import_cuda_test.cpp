@@ -106,6 +106,7 @@ TEST_CASE("pinned sources follow the producer's stream, as views and as host cop
     REQUIRE(t.ok());
     CHECK(t->is_view() == view);
     CHECK(std::memcmp(t->data(), fresh.data(), 1024 * sizeof(float)) == 0);
+    if (!view) CHECK(testing::released(count));
   }
   testing::finish_stream(*r.sim, 0, producer);
   r.sim->stream_destroy(producer);
