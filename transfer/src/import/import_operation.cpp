@@ -25,6 +25,7 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
 }
 
 void release_later(runtime_core& core, managed_tensor source) {
+  if (source.empty()) return;
   // Without a deleter there is nothing to run: nothing is handed over, and
   // the struct, which its producer may free or reuse once the import has
   // completed, is not read again.
