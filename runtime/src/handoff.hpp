@@ -1,10 +1,10 @@
 // Where the CUDA reactor hands its completions (internal). The reactor only
 // polls events; what follows an event (a marker's callbacks: the hand-off
 // of a source to the releaser, the next staging piece, the grant of the
-// next import, a handler's delivery) runs on the workers this names (work_pool: the runtime's own threads, or
-// the worker executor the caller gave in runtime_options), posted as their
-// counted tasks, so that a worker lingering for a split copy makes way for
-// it. Once the runtime has begun
+// next import, a handler's delivery) runs on the workers this names
+// (work_pool: the runtime's own threads, or the worker executor the caller
+// gave in runtime_options), posted as their counted tasks, so that a worker
+// lingering for a split copy makes way for it. Once the runtime has begun
 // to stop its workers it is detached, and completions run on the reactor
 // thread itself, so that none is lost to a pool that no longer runs.
 //

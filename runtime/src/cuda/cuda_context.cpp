@@ -87,8 +87,8 @@ marker_ptr cuda_context::record(int device, cuda::stream_t s, cuda::api::site wh
     live_[marker.get()] = {device, *e};
   }
   // The reactor only hands off: the marker's callbacks (a source handed to
-  // the releaser, the next staging piece, delivery) run on the workers, with the
-  // context held so that it outlives them and the event goes back after.
+  // the releaser, the next staging piece, delivery) run on the workers, with
+  // the context held so that it outlives them and the event goes back after.
   reactor_->watch(device, *e,
                   [self = weak_from_this(), marker, device, event = *e](const absl::Status& st) {
                     std::shared_ptr<cuda_context> context = self.lock();
