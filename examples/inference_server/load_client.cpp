@@ -44,6 +44,7 @@
 #include "slow_peer.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 #include "ucx_client.hpp"
+#include "ucx_hostile_peers.hpp"
 #endif
 
 ABSL_FLAG(std::string, host, "127.0.0.1", "Server address.");
@@ -526,6 +527,7 @@ int run() {
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) {
     threads.emplace_back([&io] { io.run(); });
   }
+  bool hostile = false;  // a misbehaving peer, which sends no load
   if (over_ucx) {
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
     absl::StatusOr<std::unique_ptr<ucx_client>> client =
@@ -533,11 +535,17 @@ int run() {
     if (!client.ok()) {
       stats.problem(client.status().ToString());
     } else {
-      std::vector<std::thread> connections;
-      for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
-        connections.emplace_back([&, i] { drive_ucx(i, **client, stop_at, stats); });
+      if (ucx_hostile_requested()) {
+        hostile = true;
+        const ucx_peer_target target{absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_ucx_port)};
+        for (std::string& p : run_ucx_hostile(**client, target)) stats.problem(std::move(p));
+      } else {
+        std::vector<std::thread> connections;
+        for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
+          connections.emplace_back([&, i] { drive_ucx(i, **client, stop_at, stats); });
+        }
+        for (std::thread& t : connections) t.join();
       }
-      for (std::thread& t : connections) t.join();
       (*client)->stop();
     }
 #else
@@ -575,7 +583,7 @@ int run() {
   std::printf("  wrong or missing answers: %llu\n",
               static_cast<unsigned long long>(stats.wrong.load()));
   for (const std::string& p : stats.problems) std::printf("  problem: %s\n", p.c_str());
-  return stats.wrong.load() == 0 && stats.valid_ok.load() > 0 ? 0 : 1;
+  return stats.wrong.load() == 0 && (hostile || stats.valid_ok.load() > 0) ? 0 : 1;
 }
 
 }  // namespace

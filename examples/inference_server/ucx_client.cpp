@@ -7,8 +7,8 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -28,7 +28,7 @@ constexpr std::size_t header_part = 1024;
 struct link {
   ucp_ep_h ep = nullptr;
   bool broken = false;
-  std::optional<std::vector<std::byte>> answer;
+  std::deque<std::vector<std::byte>> answers;
 };
 
 }  // namespace
@@ -53,7 +53,7 @@ struct ucx_client::state {
     link* l = self->find_locked(param->reply_ep);
     if (l == nullptr) return UCS_OK;
     const auto* b = static_cast<const std::byte*>(header);
-    l->answer.emplace(b, b + header_length);
+    l->answers.emplace_back(b, b + header_length);
     self->answered.notify_all();
     return UCS_OK;
   }
@@ -116,29 +116,89 @@ absl::StatusOr<int> ucx_client::connect(const std::string& host, int port) {
 
 absl::StatusOr<response> ucx_client::call(int c, std::span<const std::byte> frame,
                                           std::chrono::milliseconds timeout) {
-  std::unique_lock lock(state_->ucx->mutex());
-  link& l = *state_->links.at(static_cast<std::size_t>(c));
-  if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
-  l.answer.reset();
-  // The worker keeps a copy of the frame while UCX reads it, which may be
-  // after a timeout here.
+  {
+    std::lock_guard lock(state_->ucx->mutex());
+    state_->links.at(static_cast<std::size_t>(c))->answers.clear();
+  }
+  if (absl::Status sent = send(c, frame); !sent.ok()) return sent;
+  return receive(c, timeout);
+}
+
+namespace {
+
+// The request frame as an active message: its first bytes as the header,
+// the rest as the data. The worker keeps the copy while UCX reads it,
+// which may be after the caller stopped waiting.
+ucx_worker::am_message request_message(std::span<const std::byte> frame) {
   ucx_worker::am_message m;
   m.id = ucx_request_am;
   m.bytes.assign(frame.begin(), frame.end());
   m.header_bytes = std::min(frame.size(), header_part);
   m.reply = true;
+  return m;
+}
+
+}  // namespace
+
+absl::Status ucx_client::send(int c, std::span<const std::byte> frame) {
+  std::lock_guard lock(state_->ucx->mutex());
+  link& l = *state_->links.at(static_cast<std::size_t>(c));
+  if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
+  if (ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame)); UCS_STATUS_IS_ERR(st)) {
+    return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
+  }
+  state_->ucx->progress();
+  return absl::OkStatus();
+}
+
+absl::Status ucx_client::send_raw(int c, unsigned id, bool reply, std::span<const std::byte> header,
+                                  std::size_t data_bytes, std::byte fill) {
+  std::lock_guard lock(state_->ucx->mutex());
+  link& l = *state_->links.at(static_cast<std::size_t>(c));
+  if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
+  ucx_worker::am_message m;
+  m.id = id;
+  m.bytes.assign(header.begin(), header.end());
+  m.header_bytes = header.size();
+  m.bytes.resize(header.size() + data_bytes, fill);
+  m.reply = reply;
   if (ucs_status_t st = state_->ucx->send_am(l.ep, std::move(m)); UCS_STATUS_IS_ERR(st)) {
     return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
   }
   state_->ucx->progress();
+  return absl::OkStatus();
+}
+
+absl::Status ucx_client::stall(std::span<const int> connections, std::span<const std::byte> frame,
+                               const std::function<void()>& while_stalled) {
+  // Progress happens only under the worker's mutex: holding it stops the
+  // worker, and sending without progress leaves each rendezvous announced
+  // and never served.
+  std::lock_guard lock(state_->ucx->mutex());
+  for (int c : connections) {
+    link& l = *state_->links.at(static_cast<std::size_t>(c));
+    if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
+    if (ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame));
+        UCS_STATUS_IS_ERR(st)) {
+      return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
+    }
+  }
+  while_stalled();
+  state_->ucx->progress();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<response> ucx_client::receive(int c, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(state_->ucx->mutex());
+  link& l = *state_->links.at(static_cast<std::size_t>(c));
   const bool done = state_->answered.wait_for(
-      lock, timeout, [&] { return l.answer.has_value() || l.broken || state_->stopped; });
-  if (!l.answer) {
+      lock, timeout, [&] { return !l.answers.empty() || l.broken || state_->stopped; });
+  if (l.answers.empty()) {
     return done ? absl::UnavailableError("the UCX connection broke before the response")
                 : absl::DeadlineExceededError("no response over UCX in time");
   }
-  const std::vector<std::byte> bytes = std::move(*l.answer);
-  l.answer.reset();
+  const std::vector<std::byte> bytes = std::move(l.answers.front());
+  l.answers.pop_front();
   if (bytes.size() < frame_header_bytes) return absl::InvalidArgumentError("short response");
   absl::StatusOr<std::uint32_t> length = read_frame_header(
       std::span<const std::byte, frame_header_bytes>(bytes.data(), frame_header_bytes),

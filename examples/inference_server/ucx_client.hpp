@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -32,6 +33,25 @@ class ucx_client {
   // run from different threads.
   absl::StatusOr<response> call(int c, std::span<const std::byte> frame,
                                 std::chrono::milliseconds timeout);
+
+  // call() in two halves, for many requests in flight on one connection:
+  // send() returns once the request is on its way; receive() waits for the
+  // connection's next answer (answers come in the order the server gives
+  // them).
+  absl::Status send(int c, std::span<const std::byte> frame);
+  absl::StatusOr<response> receive(int c, std::chrono::milliseconds timeout);
+
+  // Any active message, for peers that break the protocol on purpose: id
+  // `id`, `header` as its header, `data_bytes` bytes of `fill` as its data,
+  // UCP_AM_SEND_FLAG_REPLY when `reply`. Does not wait for an answer.
+  absl::Status send_raw(int c, unsigned id, bool reply, std::span<const std::byte> header,
+                        std::size_t data_bytes, std::byte fill);
+
+  // A peer that stops progressing: sends `frame` on each of `connections`
+  // and then makes no UCX progress at all (nothing sent or received, no
+  // rendezvous served) until `while_stalled` returns.
+  absl::Status stall(std::span<const int> connections, std::span<const std::byte> frame,
+                     const std::function<void()>& while_stalled);
 
   void stop();
 

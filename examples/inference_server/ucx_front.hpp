@@ -17,8 +17,21 @@
 // Malformed requests get the TCP transport's answers. A UCX message cannot
 // lose its framing, so a wrong magic or a body length that disagrees with the
 // message is answered (InvalidArgument) and the connection goes on.
+//
+// What a peer cannot do (the TCP transport's promises, kept over UCX):
+//   - hold more than `options::connections` allows: a connection past the
+//     limit is rejected at the listener;
+//   - keep a granted body waiting: a rendezvous body must arrive within
+//     `options::read_timeout` of its grant, else the request is answered
+//     DeadlineExceeded and its connection closed, which ends the receive and
+//     gives the body's bytes back to the budget;
+//   - queue without bound: a connection's requests waiting for room are
+//     bounded in number and in the bytes they hold (headers and eager data,
+//     copied); past either bound a request is refused with
+//     ResourceExhausted at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -27,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
 #include "asio/awaitable.hpp"
+#include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
 #include "frame.hpp"
 
@@ -47,6 +61,25 @@ class ucx_front {
     std::string transports;  // UCX_TLS's syntax; empty: UCX's choice
     std::uint32_t max_body = 0;
     std::uint64_t connection_budget = 0;
+    // A rendezvous body must arrive within this time of its grant
+    // (--read_timeout_ms); 0: no limit.
+    std::chrono::milliseconds read_timeout{0};
+    // One connection's requests waiting for room in the budget: at most this
+    // many (--max_queued_requests), holding at most this many bytes of
+    // headers and eager data (--max_queued_kib).
+    std::size_t max_queued_requests = 16;
+    std::uint64_t max_queued_bytes = 256 << 10;
+    // Shared with the server's other transports; null: no limit.
+    std::shared_ptr<connection_limit> connections;
+  };
+
+  // What the transport did, for the server's report.
+  struct counters {
+    std::uint64_t connections = 0;          // accepted
+    std::uint64_t refused_connections = 0;  // past the connection limit
+    std::uint64_t bytes_received = 0;
+    std::uint64_t refused_queue = 0;  // requests refused over the queue bounds
+    std::uint64_t closed_late = 0;    // connections closed past the read deadline
   };
 
   // Listens; requests are answered by `handle`, each answer counted by
@@ -58,11 +91,19 @@ class ucx_front {
   ~ucx_front();
 
   unsigned short port() const;
-  std::uint64_t connections() const;
-  std::uint64_t bytes_received() const;
+  counters stats() const;
+  // Requests received and not yet answered or dropped.
+  struct in_progress {
+    std::size_t waiting = 0;    // for room in the budget
+    std::size_t receiving = 0;  // their rendezvous body
+    std::size_t handling = 0;
+    std::size_t total() const { return waiting + receiving + handling; }
+  };
+  in_progress requests_in_progress() const;
 
-  // Stops listening, closes every connection and UCX. Requests still being
-  // handled finish without an answer. Not from the executor's threads.
+  // Stops taking requests, lets the handlers under way answer, then closes
+  // every connection and UCX; the bodies still waiting or arriving go back
+  // to the budget. Idempotent. Not from the executor's threads.
   void stop();
 
   struct state;

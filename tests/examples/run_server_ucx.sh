@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts the inference server with its TCP and UCX transports, drives each
 # with the load client (valid and malformed requests from many
-# connections), stops the server with SIGTERM, and checks both reports.
+# connections), then sends it UCX messages that break the protocol (from a
+# peer that stays, and from one killed while it sends), stops the server
+# with SIGTERM, and checks both reports and that it stopped cleanly.
 #   run_server_ucx.sh SERVER CLIENT [server flags...]
 set -uo pipefail
 export DLASYNC_SIM_CHECK=abort
@@ -10,7 +12,9 @@ client=$2
 shift 2
 dir=$(mktemp -d)
 server_pid=""
+garbage_pid=""
 cleanup() {
+  [ -n "$garbage_pid" ] && kill -9 "$garbage_pid" 2>/dev/null
   [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
   rm -rf "$dir"
 }
@@ -49,13 +53,38 @@ for transport in ucx tcp; do
   total_valid=$((total_valid + valid))
 done
 
+# Messages that break the protocol: every one that asks for an answer gets
+# one, and a valid request after them is answered.
+"$client" --transport=ucx --ucx_port="$(cat "$dir/ucx_port")" --ucx_garbage=500 \
+  >"$dir/garbage.out" 2>&1 || fail "the garbage peer: $(cat "$dir/garbage.out")"
+grep '^  garbage: ' "$dir/garbage.out"
+grep -q 'the valid request after them answered OK' "$dir/garbage.out" ||
+  fail "the server does not serve after the garbage"
+# And a peer killed while it sends them: its requests are under way when the
+# server stops.
+"$client" --transport=ucx --ucx_port="$(cat "$dir/ucx_port")" --ucx_garbage=1000000 \
+  >"$dir/killed.out" 2>&1 &
+garbage_pid=$!
+for _ in $(seq 1 100); do
+  grep -q "^  garbage: connected" "$dir/killed.out" 2>/dev/null && break
+  sleep 0.05
+done
+kill -9 "$garbage_pid"
+wait "$garbage_pid" 2>/dev/null
+garbage_pid=""
+
 kill -TERM "$server_pid"
+timeout 30 tail --pid="$server_pid" -f /dev/null
+kill -0 "$server_pid" 2>/dev/null && fail "the server did not stop on SIGTERM"
 wait "$server_pid"
 server_status=$?
 server_pid=""
 grep -v '^\[' "$dir/server.out"
 [ "$server_status" -eq 0 ] || fail "the server exited with $server_status"
-grep -q 'UCX transport: 8 connections' "$dir/server.out" || fail "no UCX connections counted"
+# UCX warns of descriptors or requests nobody gave back.
+grep -q 'was not returned to mpool\|not released' "$dir/server.out" &&
+  fail "the server left UCX objects behind"
+grep -q 'UCX transport: 10 connections' "$dir/server.out" || fail "not 10 UCX connections counted"
 ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
 [ "${ok:-0}" -ge "$total_valid" ] || fail "the server answered $ok OK, the clients counted $total_valid"
 grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"

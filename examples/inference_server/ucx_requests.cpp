@@ -1,0 +1,257 @@
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "asio/co_spawn.hpp"
+#include "asio/detached.hpp"
+#include "asio/post.hpp"
+#include "ucx_front_state.hpp"
+
+namespace dlasync::examples {
+
+ucs_status_t ucx_front::state::on_request(void* arg, const void* header, std::size_t header_length,
+                                          void* data, std::size_t length,
+                                          const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<state*>(arg);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;  // no way back
+  if (self->stopping) return UCS_OK;
+  auto it = self->connections.find(param->reply_ep);
+  if (it == self->connections.end()) return UCS_OK;  // not a connection of ours
+  connection& c = *it->second;
+  const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  // Refusals drop the data: a rendezvous payload is never transferred.
+  auto refuse = [&](std::uint64_t id, absl::StatusCode code, std::string text) {
+    self->reply_locked(c, response{id, code, 0, 0, std::move(text)});
+    return UCS_OK;
+  };
+  if (header_length < frame_header_bytes) {
+    return refuse(0, absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("a UCX request's header holds ", header_length,
+                               " bytes; it must start with the 8-byte frame header"));
+  }
+  const auto* bytes = static_cast<const std::byte*>(header);
+  const std::span<const std::byte, frame_header_bytes> frame_header(bytes, frame_header_bytes);
+  absl::StatusOr<std::uint32_t> body_length =
+      read_frame_header(frame_header, request_magic, self->opts.max_body);
+  const std::span<const std::byte> head(bytes + frame_header_bytes,
+                                        header_length - frame_header_bytes);
+  const std::uint64_t id = peek_request_id(head);
+  if (!body_length.ok()) {
+    return refuse(id, body_length.status().code(), std::string(body_length.status().message()));
+  }
+  const std::uint64_t carried = head.size() + length;
+  if (*body_length != carried) {
+    return refuse(
+        id, absl::StatusCode::kInvalidArgument,
+        absl::StrCat("the frame's body length says ", *body_length, " bytes; the message carries ",
+                     carried, ": send the whole frame, header and payload"));
+  }
+  const std::uint32_t total = *body_length;
+  if (total <= self->budget->limit() && total > self->opts.connection_budget) {
+    return refuse(id, absl::StatusCode::kResourceExhausted,
+                  absl::StrCat("request of ", total, " bytes exceeds the per-connection budget of ",
+                               self->opts.connection_budget,
+                               " bytes (--connection_budget_mib): send smaller tensors"));
+  }
+  return self->admit(it->second, total, head, data, length, rendezvous);
+}
+
+ucs_status_t ucx_front::state::admit(const std::shared_ptr<connection>& c, std::uint32_t total,
+                                     std::span<const std::byte> head, void* data,
+                                     std::size_t length, bool rendezvous) {
+  auto r = std::make_shared<ucx_request>();
+  r->owner = this;
+  r->conn = c;
+  r->length = total;
+  // A body that fits now is granted at once; one that must wait for room
+  // counts against the connection's queue, whose bounds keep a peer from
+  // piling up copies outside the budget.
+  const bool now = budget->try_acquire(total);
+  const std::uint64_t held = head.size() + (rendezvous ? 0 : length);
+  if (!now && total <= budget->limit()) {
+    if (c->queued >= opts.max_queued_requests) {
+      refused_queue.fetch_add(1);
+      reply_locked(*c, response{peek_request_id(head), absl::StatusCode::kResourceExhausted, 0, 0,
+                                absl::StrCat("this connection has ", c->queued,
+                                             " requests waiting for room in the memory budget, "
+                                             "the most it may (--max_queued_requests=",
+                                             opts.max_queued_requests,
+                                             "): wait for answers before sending more")});
+      return UCS_OK;
+    }
+    if (c->queued_bytes + held > opts.max_queued_bytes) {
+      refused_queue.fetch_add(1);
+      reply_locked(*c, response{peek_request_id(head), absl::StatusCode::kResourceExhausted, 0, 0,
+                                absl::StrCat("this connection's requests waiting for room in the "
+                                             "memory budget hold ",
+                                             c->queued_bytes, " bytes, and this one ", held,
+                                             " more: past the ", opts.max_queued_bytes,
+                                             " bytes it may hold (--max_queued_kib=",
+                                             opts.max_queued_bytes >> 10,
+                                             "): wait for answers before sending more")});
+      return UCS_OK;
+    }
+    r->queued = true;
+    r->held = held;
+    ++c->queued;
+    c->queued_bytes += held;
+  }
+  r->head.assign(head.begin(), head.end());
+  if (rendezvous) {
+    r->rendezvous = data;
+  } else if (length > 0) {
+    const auto* d = static_cast<const std::byte*>(data);
+    r->eager.assign(d, d + length);
+  }
+  requests.emplace(r.get(), r);
+  // The grant (or the refusal of a body larger than the whole budget)
+  // continues on the executor, never inside UCX's callback.
+  auto go_on = [weak = weak_from_this(), r](absl::Status s) {
+    std::shared_ptr<state> st = weak.lock();
+    if (st == nullptr) return;
+    asio::post(st->executor, [st, r, s = std::move(s)] { st->granted(r, s); });
+  };
+  if (now) {
+    go_on(absl::OkStatus());
+  } else {
+    r->ticket = budget->acquire(total, std::move(go_on));
+  }
+  return rendezvous ? UCS_INPROGRESS : UCS_OK;
+}
+
+void ucx_front::state::leave_queue(ucx_request& r) {
+  if (!r.queued) return;
+  r.queued = false;
+  --r.conn->queued;
+  r.conn->queued_bytes -= r.held;
+}
+
+void ucx_front::state::release_rendezvous(ucx_request& r) {
+  if (r.rendezvous != nullptr && !stopped) ucp_am_data_release(ucx->worker(), r.rendezvous);
+  r.rendezvous = nullptr;
+}
+
+std::shared_ptr<ucx_request> ucx_front::state::forget(ucx_request* r) {
+  auto it = requests.find(r);
+  if (it == requests.end()) return nullptr;
+  std::shared_ptr<ucx_request> kept = std::move(it->second);
+  requests.erase(it);
+  return kept;
+}
+
+void ucx_front::state::granted(const std::shared_ptr<ucx_request>& r, const absl::Status& status) {
+  std::lock_guard lock(ucx->mutex());
+  leave_queue(*r);
+  forget(r.get());
+  if (stopping || !r->conn->alive) {
+    if (status.ok()) budget->release(r->length);
+    release_rendezvous(*r);
+    return;
+  }
+  if (!status.ok()) {
+    release_rendezvous(*r);
+    reply_locked(*r->conn,
+                 response{peek_request_id(r->head), status.code(), 0, 0,
+                          absl::StrCat("request of ", r->length, " bytes: ", status.message())});
+    return;
+  }
+  // The body gives its bytes back to the budget when its last user lets go.
+  r->body = std::shared_ptr<std::byte[]>(new std::byte[r->length],
+                                         [b = budget, n = r->length](std::byte* q) {
+                                           delete[] q;
+                                           b->release(n);
+                                         });
+  // (memcpy takes no null pointer, which empty vectors may give.)
+  if (!r->head.empty()) std::memcpy(r->body.get(), r->head.data(), r->head.size());
+  if (r->rendezvous == nullptr) {
+    if (!r->eager.empty()) {
+      std::memcpy(r->body.get() + r->head.size(), r->eager.data(), r->eager.size());
+    }
+    return run_handler(r->conn, r->length, std::move(r->body));
+  }
+  receive(r);
+}
+
+void ucx_front::state::receive(const std::shared_ptr<ucx_request>& r) {
+  requests.emplace(r.get(), r);
+  r->receiving = true;
+  ucp_request_param_t rp{};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.recv_am = [](void* request, ucs_status_t s, std::size_t, void* user_data) {
+    ucp_request_free(request);
+    auto* done = static_cast<ucx_request*>(user_data);
+    done->owner->received(done, s);
+  };
+  rp.user_data = r.get();
+  // UCX owns the descriptor from here on; the callback may run inside.
+  void* descriptor = std::exchange(r->rendezvous, nullptr);
+  ucs_status_ptr_t s = ucp_am_recv_data_nbx(
+      ucx->worker(), descriptor, r->body.get() + r->head.size(), r->length - r->head.size(), &rp);
+  if (!UCS_PTR_IS_PTR(s)) {
+    received(r.get(), UCS_PTR_STATUS(s));  // over inside the call: no callback
+  } else if (r->receiving && opts.read_timeout.count() > 0) {
+    // The body must arrive within the read deadline of its grant, as over
+    // TCP: a peer that stops sending would hold its room for good.
+    r->deadline = std::make_unique<asio::steady_timer>(executor, opts.read_timeout);
+    // Weak: the request owns the timer.
+    r->deadline->async_wait([weak = weak_from_this(),
+                             late = std::weak_ptr<ucx_request>(r)](const asio::error_code& ec) {
+      std::shared_ptr<state> st = weak.lock();
+      std::shared_ptr<ucx_request> request = late.lock();
+      if (!ec && st != nullptr && request != nullptr) st->past_deadline(request);
+    });
+  }
+  ucx->progress();
+}
+
+void ucx_front::state::received(ucx_request* r, ucs_status_t status) {
+  if (!r->receiving) return;
+  r->receiving = false;
+  if (r->deadline) r->deadline->cancel();
+  const std::shared_ptr<ucx_request> kept = forget(r);
+  std::shared_ptr<std::byte[]> body = std::move(r->body);
+  if (status == UCS_OK && !stopping && r->conn->alive) {
+    run_handler(r->conn, r->length, std::move(body));
+  }
+  // Otherwise the body goes, and its bytes back to the budget.
+}
+
+void ucx_front::state::past_deadline(const std::shared_ptr<ucx_request>& r) {
+  std::lock_guard lock(ucx->mutex());
+  if (stopped || !r->receiving || !r->conn->alive) return;
+  closed_late.fetch_add(1);
+  reply_locked(
+      *r->conn,
+      response{peek_request_id(r->head), absl::StatusCode::kDeadlineExceeded, 0, 0,
+               absl::StrCat("the request's body did not arrive within ", opts.read_timeout.count(),
+                            " ms (--read_timeout_ms); closing the connection")});
+  // Closing the endpoint ends its receives (UCX completes them as
+  // cancelled), and their bodies go back to the budget.
+  close_connection(r->conn, /*from_ucx=*/false);
+  ucx->progress();
+}
+
+void ucx_front::state::run_handler(const std::shared_ptr<connection>& c, std::uint32_t length,
+                                   std::shared_ptr<std::byte[]> body) {
+  bytes_in.fetch_add(frame_header_bytes + length);
+  {
+    std::lock_guard lock(running_mutex);
+    ++running;
+  }
+  // Posted: co_spawn would start the handler right here, under the lock.
+  asio::post(executor, [self = shared_from_this(), c, length, body = std::move(body)]() mutable {
+    asio::co_spawn(
+        self->executor,
+        [self, c, length, body = std::move(body)]() mutable -> asio::awaitable<void> {
+          const response r = co_await self->handle(std::move(body), length);
+          {
+            std::lock_guard lock(self->ucx->mutex());
+            self->reply_locked(*c, r);
+          }
+          std::lock_guard lock(self->running_mutex);
+          if (--self->running == 0) self->running_done.notify_all();
+        },
+        asio::detached);
+  });
+}
+
+}  // namespace dlasync::examples
