@@ -49,7 +49,7 @@ void ucx_front::state::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t) {
   self->close_connection(it->second, /*from_ucx=*/true);
 }
 
-void ucx_front::state::close_connection(const std::shared_ptr<connection>& c, bool from_ucx) {
+void ucx_front::state::close_connection(std::shared_ptr<connection> c, bool from_ucx) {
   if (!c->alive) return;
   c->alive = false;
   c->slot.reset();

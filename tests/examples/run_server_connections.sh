@@ -83,22 +83,31 @@ stop_server() {
 }
 
 echo "== 1. descriptors run out: accepts fail, the server waits and goes on"
-start_server --max_connections=100000 "$@"
-open_connections 300
-for _ in $(seq 1 50); do
-  grep -q 'accepting a connection failed' "$dir/server.out" && break
-  sleep 0.1
-done
-close_connections
-fresh_client_served 1 || fail "no fresh client is served after the descriptors ran out"
-grep -q 'accepting a connection failed (Too many open files)' "$dir/server.out" ||
-  fail "300 connections did not exhaust 128 descriptors"
-stop_server
-[[ $counters =~ :\ 0\ refused.*\;\ ([0-9]+)\ accepts\ failed,\ in\ ([0-9]+)\ bursts ]] ||
-  fail "counters: $counters"
-[ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[2]}" -ge 1 ] || fail "counters: $counters"
-grep -q 'accepting again, after [0-9]* failed accepts' "$dir/server.out" ||
-  fail "the end of the burst was not logged"
+# UBSan's vptr check tests that memory is readable by writing it into a
+# pipe; in a process with no descriptor left it cannot, and it reports a
+# valid object as having an invalid vptr. So where the server has UBSan
+# (the ASan+UBSan build), it is not run out of descriptors; the plain and
+# TSan builds run this part.
+if ldd "$server" 2>/dev/null | grep -q libubsan; then
+  echo "(skipped: UBSan needs descriptors of its own)"
+else
+  start_server --max_connections=100000 "$@"
+  open_connections 300
+  for _ in $(seq 1 50); do
+    grep -q 'accepting a connection failed' "$dir/server.out" && break
+    sleep 0.1
+  done
+  close_connections
+  fresh_client_served 1 || fail "no fresh client is served after the descriptors ran out"
+  grep -q 'accepting a connection failed (Too many open files)' "$dir/server.out" ||
+    fail "300 connections did not exhaust 128 descriptors"
+  stop_server
+  [[ $counters =~ :\ 0\ refused.*\;\ ([0-9]+)\ accepts\ failed,\ in\ ([0-9]+)\ bursts ]] ||
+    fail "counters: $counters"
+  [ "${BASH_REMATCH[1]}" -gt 0 ] && [ "${BASH_REMATCH[2]}" -ge 1 ] || fail "counters: $counters"
+  grep -q 'accepting again, after [0-9]* failed accepts' "$dir/server.out" ||
+    fail "the end of the burst was not logged"
+fi
 
 echo "== 2. the default --max_connections refuses the connections past it"
 start_server "$@"
