@@ -1,0 +1,307 @@
+// libFuzzer target: the inference server's UCX transport (ucx_front) against
+// arbitrary active messages from a real UCX peer in the same process.
+//
+// A ucx_front listens on 127.0.0.1 with small budgets and queue bounds; a
+// second dlasync::ucx_worker connects to it through its listener, both over
+// UCX's TCP transport, so UCX's own handling (eager and rendezvous protocols,
+// reply endpoints, ids without a handler, which must be dropped) runs as it
+// does between hosts. Each input is a short sequence of messages (at most 8,
+// at most 2 MiB of data in all), each:
+//
+//   byte 0    flags: bit 0 the reply flag; bits 1-2 the kind: 0 any header,
+//             1 a frame header whose length matches what the message carries
+//             (give or take byte 3's top bits), 2 a valid request, 3 any
+//             header; bit 3 a large payload (rendezvous); bit 4 the server's
+//             request id (0x51), else bytes 1-2
+//   bytes 1-2 the active-message id, little-endian
+//   byte 3    the header's length (kinds 0, 1, 3: up to 63 bytes taken from
+//             the input after byte 6) or the valid request's size
+//   bytes 4-5 the payload's length: small, up to 4 KiB; large, 32 KiB and up
+//   byte 6    the payload's byte
+//
+// Then one valid request, which must be answered. What must hold for every
+// input (else the target traps):
+//   - no sanitizer report, no crash, no hang: each wait is bounded;
+//   - every message to 0x51 with the reply flag is answered exactly once,
+//     and so is the valid request after them, with OK and its sum;
+//   - once the server is quiet, its budget holds nothing and no request is in
+//     progress; at exit, once the server and its peer are taken down,
+//     LeakSanitizer finds nothing.
+// scripts/fuzz.sh runs it with UCX_LOG_LEVEL=error (UCX warns of each message
+// to an id without a handler) and without libFuzzer's leak checks between
+// inputs (UCX keeps its endpoints' parts in pools LeakSanitizer does not scan,
+// so a check while they live reports them).
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <arpa/inet.h>
+
+#include "asio/executor_work_guard.hpp"
+#include "asio/io_context.hpp"
+#include "dlasync/dlasync.hpp"
+#include "dlasync/remote/ucx_worker.hpp"
+#include "frame.hpp"
+#include "ucx_front.hpp"
+
+namespace {
+
+using namespace dlasync;
+using namespace dlasync::examples;
+using namespace std::chrono_literals;
+
+// Small enough that one input can fill it, so that requests wait for room
+// and meet the queue bounds.
+constexpr std::uint64_t budget_bytes = 1 << 20;
+constexpr std::size_t most_messages = 8;
+// TCP, where a rendezvous payload needs its sender to serve the receiver's
+// reads, as between hosts. (UCX 1.13 also loses a few allocations of its own
+// when it connects over shared memory with peer error handling, which
+// LeakSanitizer would report.)
+constexpr const char* transports = "tcp";
+constexpr std::size_t most_data = 2 << 20;
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_ucx_server: %s\n", what);
+  __builtin_trap();
+}
+
+// A request of `n` uint8 ones (sum n), as frame bytes.
+std::vector<std::byte> ones_request(std::uint64_t id, std::uint32_t n) {
+  const std::array<std::int64_t, 1> shape{n};
+  const std::array<std::int64_t, 1> strides{1};
+  const std::vector<std::byte> payload(n, std::byte{1});
+  return encode_request(id, dtypes::uint8, shape, strides, payload);
+}
+
+// The server's answer: parse, and the sum of a valid request's ones (no
+// import: the handler behind the transport is not what is fuzzed here).
+asio::awaitable<response> handle(std::shared_ptr<std::byte[]> body, std::uint32_t length) {
+  const std::span<const std::byte> bytes(body.get(), length);
+  absl::StatusOr<request> r = parse_request(bytes);
+  if (!r.ok()) {
+    co_return response{peek_request_id(bytes), r.status().code(), 0, 0,
+                       std::string(r.status().message())};
+  }
+  double sum = 0;
+  for (std::uint64_t i = 0; i < r->payload_bytes; ++i) {
+    sum += static_cast<double>(bytes[r->payload_offset + i]);
+  }
+  co_return response{r->id, absl::StatusCode::kOk, sum, 0, "fuzz"};
+}
+
+// The server and its peer, made once: UCX's start-up costs milliseconds.
+struct setup {
+  asio::io_context io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  std::shared_ptr<memory_budget> budget = std::make_shared<memory_budget>(budget_bytes);
+  std::unique_ptr<ucx_front> front;
+  std::shared_ptr<ucx_worker> peer;
+  ucp_ep_h ep = nullptr;
+  // Answers the peer received, under the peer's mutex.
+  std::size_t answers = 0;
+  std::optional<response> last;
+  std::uint64_t last_id = 0;
+  bool taking_down = false;  // at exit: the connection goes
+
+  static ucs_status_t on_answer(void* arg, const void* header, std::size_t length, void*,
+                                std::size_t, const ucp_am_recv_param_t*) {
+    auto* s = static_cast<setup*>(arg);
+    ++s->answers;
+    if (length < frame_header_bytes) fail("an answer shorter than a frame header");
+    const auto* b = static_cast<const std::byte*>(header);
+    absl::StatusOr<response> r =
+        parse_response(std::span(b + frame_header_bytes, length - frame_header_bytes));
+    if (!r.ok()) fail("an answer that does not parse");
+    if (r->id == s->last_id) s->last = *r;
+    return UCS_OK;
+  }
+
+  setup() {
+    work.emplace(io.get_executor());
+    for (int i = 0; i < 2; ++i) threads.emplace_back([this] { io.run(); });
+    ucx_front::options o;
+    o.transports = transports;
+    o.max_body = 2 << 20;  // bodies between the budget and this are refused by the budget
+    o.connection_budget = 512 << 10;
+    o.read_timeout = 5000ms;
+    o.max_queued_requests = 2;
+    o.max_queued_bytes = 16 << 10;
+    absl::StatusOr<std::unique_ptr<ucx_front>> f =
+        ucx_front::create(io.get_executor(), o, budget, handle, [](absl::StatusCode) {});
+    if (!f.ok()) fail("the front does not listen");
+    front = *std::move(f);
+    absl::StatusOr<std::shared_ptr<ucx_worker>> w =
+        ucx_worker::create(io.get_executor(), transports);
+    if (!w.ok()) fail("the peer's worker");
+    peer = *std::move(w);
+    std::lock_guard lock(peer->mutex());
+    if (!peer->set_am_handler(ucx_response_am, &setup::on_answer, this).ok()) fail("handler");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(front->port());
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    ucp_ep_params_t p{};
+    // Peer error handling, as the server's endpoints have (UCX wants both
+    // ends alike); the server never closes this connection, so an error is a
+    // finding.
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
+      if (!static_cast<setup*>(arg)->taking_down) fail("the connection broke");
+    };
+    p.err_handler.arg = this;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sizeof(addr);
+    if (ucp_ep_create(peer->worker(), &p, &ep) != UCS_OK) fail("cannot connect");
+  }
+};
+
+// Made, and connected, before the first input; taken down at exit, so that
+// LeakSanitizer's last look finds nothing of it.
+setup* the_setup = nullptr;
+
+void take_down() {
+  setup* s = std::exchange(the_setup, nullptr);
+  {
+    std::lock_guard lock(s->peer->mutex());
+    s->taking_down = true;
+  }
+  s->front->stop();
+  {
+    std::lock_guard lock(s->peer->mutex());
+    s->peer->close_endpoint(s->ep);
+    s->peer->finalize();
+  }
+  s->work.reset();
+  s->io.stop();
+  for (std::thread& t : s->threads) t.join();
+  delete s;
+}
+
+// Waits until every send is over, `expected` answers came, nothing is in
+// progress and the budget is empty. Bounded: a hang is a finding.
+void wait_quiet(setup& s, std::size_t expected) {
+  const auto give_up = std::chrono::steady_clock::now() + 5s;
+  for (;;) {
+    bool quiet = false;
+    {
+      std::lock_guard lock(s.peer->mutex());
+      s.peer->progress();
+      if (s.answers > expected) fail("more answers than requests that asked for one");
+      quiet = s.peer->sends_pending() == 0 && s.answers == expected;
+    }
+    quiet = quiet && s.front->requests_in_progress().total() == 0 && s.budget->in_use() == 0;
+    if (quiet) return;
+    if (std::chrono::steady_clock::now() > give_up) fail("the server did not go quiet in 5 s");
+    std::this_thread::sleep_for(100us);
+  }
+}
+
+void send(setup& s, unsigned id, bool reply, std::vector<std::byte> bytes, std::size_t header) {
+  ucx_worker::am_message m;
+  m.id = id;
+  m.bytes = std::move(bytes);
+  m.header_bytes = header;
+  m.reply = reply;
+  std::lock_guard lock(s.peer->mutex());
+  const ucs_status_t status = s.peer->send_am(s.ep, std::move(m));
+  if (UCS_STATUS_IS_ERR(status)) fail("the peer cannot send");
+  s.peer->progress();
+}
+
+// Sends a valid request after `answered` answers, and checks that it is
+// answered OK, and that the server goes quiet.
+void check_served(setup& s, std::size_t answered) {
+  constexpr std::uint32_t ones = 100;
+  {
+    std::lock_guard lock(s.peer->mutex());
+    s.last.reset();
+    s.last_id = 77;
+  }
+  std::vector<std::byte> request = ones_request(77, ones);
+  const std::size_t size = request.size();
+  send(s, ucx_request_am, true, std::move(request), size);
+  wait_quiet(s, answered + 1);
+  std::lock_guard lock(s.peer->mutex());
+  if (!s.last || s.last->code != absl::StatusCode::kOk || s.last->sum != ones) {
+    fail("a valid request was not answered OK");
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  the_setup = new setup();
+  the_setup->peer->start();
+  check_served(*the_setup, 0);
+  std::atexit(take_down);
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  setup& s = *the_setup;
+  {
+    std::lock_guard lock(s.peer->mutex());
+    s.answers = 0;
+  }
+  std::size_t expected = 0;
+  std::size_t at = 0;
+  std::size_t total = 0;
+  for (std::size_t n = 0; n < most_messages && size - at >= 7; ++n) {
+    const std::uint8_t flags = data[at];
+    const bool reply = (flags & 1) != 0;
+    const int kind = (flags >> 1) & 3;
+    const bool large = (flags & 8) != 0;
+    unsigned id = (flags & 16) != 0 ? ucx_request_am : data[at + 1] | (data[at + 2] << 8);
+    const std::uint8_t sized = data[at + 3];
+    const unsigned length = data[at + 4] | (data[at + 5] << 8);
+    const auto fill = static_cast<std::byte>(data[at + 6]);
+    at += 7;
+    std::size_t payload = large ? (32u << 10) + length * 16u : length % 4096u;
+    if (total + payload > most_data) payload = 0;
+    total += payload;
+    std::vector<std::byte> bytes;
+    std::size_t header = 0;
+    if (kind == 2) {
+      // A valid request, its first bytes as the header (as the client does).
+      bytes = ones_request(1000 + n, static_cast<std::uint32_t>(sized) * 64 + payload);
+      header = std::min<std::size_t>(bytes.size(), 1024);
+    } else {
+      const std::size_t taken = std::min<std::size_t>(sized & 63, size - at);
+      if (kind == 1) {
+        // A frame header, then the taken bytes, whose length holds (or is
+        // off by what the top bits of byte 3 say).
+        const auto body = static_cast<std::uint32_t>(taken + payload + (sized >> 6));
+        bytes.resize(frame_header_bytes);
+        std::memcpy(bytes.data(), &request_magic, 4);
+        std::memcpy(bytes.data() + 4, &body, 4);
+      }
+      const auto* from = reinterpret_cast<const std::byte*>(data + at);
+      bytes.insert(bytes.end(), from, from + taken);
+      at += taken;
+      header = bytes.size();
+      bytes.resize(header + payload, fill);
+    }
+    if (id == ucx_request_am && reply) ++expected;
+    send(s, id, reply, std::move(bytes), header);
+  }
+  wait_quiet(s, expected);
+  // A valid request after them: the connection still serves.
+  check_served(s, expected);
+  return 0;
+}
