@@ -65,8 +65,8 @@ struct ucx_client::state {
   }
 };
 
-absl::StatusOr<std::unique_ptr<ucx_client>> ucx_client::create(asio::any_io_executor executor,
-                                                               const std::string& transports) {
+absl::StatusOr<std::unique_ptr<ucx_client>> ucx_client::create(
+    const asio::any_io_executor& executor, const std::string& transports) {
   auto s = std::make_shared<state>();
   absl::StatusOr<std::shared_ptr<ucx_worker>> w = ucx_worker::create(executor, transports);
   if (!w.ok()) return w.status();

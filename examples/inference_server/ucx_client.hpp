@@ -19,7 +19,7 @@ namespace dlasync::examples {
 class ucx_client {
  public:
   // Progress runs on `executor` (its threads must run while calls wait).
-  static absl::StatusOr<std::unique_ptr<ucx_client>> create(asio::any_io_executor executor,
+  static absl::StatusOr<std::unique_ptr<ucx_client>> create(const asio::any_io_executor& executor,
                                                             const std::string& transports);
   ~ucx_client();
 

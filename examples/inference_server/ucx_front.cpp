@@ -49,20 +49,22 @@ void ucx_front::state::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t) {
   self->close_connection(it->second, /*from_ucx=*/true);
 }
 
-void ucx_front::state::close_connection(std::shared_ptr<connection> c, bool from_ucx) {
+void ucx_front::state::close_connection(const std::shared_ptr<connection>& c, bool from_ucx) {
   if (!c->alive) return;
   c->alive = false;
   c->slot.reset();
-  connections.erase(c->ep);
   // Its requests waiting for room leave the line (granted() drops them).
   for (const auto& [key, r] : requests) {
     if (r->conn == c && r->queued) budget->cancel(r->ticket, absl::CancelledError("closed"));
   }
+  const ucp_ep_h ep = c->ep;
+  // Last use of `c`: it may be the map's own pointer, which this destroys.
+  connections.erase(ep);
   if (!from_ucx) {
-    ucx->close_endpoint(c->ep);
+    ucx->close_endpoint(ep);
     return;
   }
-  asio::post(executor, [weak = weak_from_this(), ep = c->ep] {
+  asio::post(executor, [weak = weak_from_this(), ep] {
     std::shared_ptr<state> s = weak.lock();
     if (s == nullptr) return;
     std::lock_guard lock(s->ucx->mutex());
@@ -70,7 +72,7 @@ void ucx_front::state::close_connection(std::shared_ptr<connection> c, bool from
   });
 }
 
-absl::StatusOr<std::unique_ptr<ucx_front>> ucx_front::create(asio::any_io_executor executor,
+absl::StatusOr<std::unique_ptr<ucx_front>> ucx_front::create(const asio::any_io_executor& executor,
                                                              options o,
                                                              std::shared_ptr<memory_budget> budget,
                                                              handler_fn handle, counter_fn count) {

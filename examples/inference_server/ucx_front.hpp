@@ -84,7 +84,7 @@ class ucx_front {
 
   // Listens; requests are answered by `handle`, each answer counted by
   // `count`. The budget bounds the received bodies, as for TCP.
-  static absl::StatusOr<std::unique_ptr<ucx_front>> create(asio::any_io_executor executor,
+  static absl::StatusOr<std::unique_ptr<ucx_front>> create(const asio::any_io_executor& executor,
                                                            options o,
                                                            std::shared_ptr<memory_budget> budget,
                                                            handler_fn handle, counter_fn count);

@@ -113,8 +113,7 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
   // Ends the connection: its queued requests leave the budget's line, its
   // endpoint is closed (which ends its receives). `from_ucx`: inside UCX's
   // callback, where the endpoint may not be closed.
-  // (By value: the connections' map holds the pointer it may erase.)
-  void close_connection(std::shared_ptr<connection> c, bool from_ucx);
+  void close_connection(const std::shared_ptr<connection>& c, bool from_ucx);
   void leave_queue(ucx_request& r);
   void release_rendezvous(ucx_request& r);
   std::shared_ptr<ucx_request> forget(ucx_request* r);

@@ -224,7 +224,7 @@ std::vector<std::string> run_ucx_garbage(ucx_client& client, const ucx_peer_targ
     }
     if (r->id == last_id) last_ok = is_ones_answer(*r, 256);
   }
-  if (!last_ok) problems.push_back("garbage: the valid request after it was not answered OK");
+  if (!last_ok) problems.emplace_back("garbage: the valid request after it was not answered OK");
   std::printf(
       "  garbage: %d messages sent, %d answers for the %d that asked for one; the valid "
       "request after them %s\n",

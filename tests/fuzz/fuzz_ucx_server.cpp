@@ -279,7 +279,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::size_t header = 0;
     if (kind == 2) {
       // A valid request, its first bytes as the header (as the client does).
-      bytes = ones_request(1000 + n, static_cast<std::uint32_t>(sized) * 64 + payload);
+      bytes = ones_request(1000 + n, static_cast<std::uint32_t>(std::size_t{sized} * 64 + payload));
       header = std::min<std::size_t>(bytes.size(), 1024);
     } else {
       const std::size_t taken = std::min<std::size_t>(sized & 63, size - at);
