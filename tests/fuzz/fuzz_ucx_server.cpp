@@ -16,7 +16,7 @@
 //   bytes 1-2 the active-message id, little-endian
 //   byte 3    the header's length (kinds 0, 1, 3: up to 63 bytes taken from
 //             the input after byte 6) or the valid request's size
-//   bytes 4-5 the payload's length: small, up to 4 KiB; large, 32 KiB and up
+//   bytes 4-5 the payload's length: small, up to 4 KiB; large, 16 to 272 KiB
 //   byte 6    the payload's byte
 //
 // Then one valid request, which must be answered. What must hold for every
@@ -63,7 +63,7 @@ using namespace std::chrono_literals;
 
 // Small enough that one input can fill it, so that requests wait for room
 // and meet the queue bounds.
-constexpr std::uint64_t budget_bytes = 1 << 20;
+constexpr std::uint64_t budget_bytes = 256 << 10;
 constexpr std::size_t most_messages = 8;
 // TCP, where a rendezvous payload needs its sender to serve the receiver's
 // reads, as between hosts. (UCX 1.13 also loses a few allocations of its own
@@ -134,11 +134,11 @@ struct setup {
     for (int i = 0; i < 2; ++i) threads.emplace_back([this] { io.run(); });
     ucx_front::options o;
     o.transports = transports;
-    o.max_body = 2 << 20;  // bodies between the budget and this are refused by the budget
-    o.connection_budget = 512 << 10;
+    o.max_body = 512 << 10;  // bodies between the budget and this are refused by the budget
+    o.connection_budget = 128 << 10;
     o.read_timeout = 5000ms;
     o.max_queued_requests = 2;
-    o.max_queued_bytes = 16 << 10;
+    o.max_queued_bytes = 8 << 10;
     absl::StatusOr<std::unique_ptr<ucx_front>> f =
         ucx_front::create(io.get_executor(), o, budget, handle, [](absl::StatusCode) {});
     if (!f.ok()) fail("the front does not listen");
@@ -272,7 +272,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const unsigned length = data[at + 4] | (data[at + 5] << 8);
     const auto fill = static_cast<std::byte>(data[at + 6]);
     at += 7;
-    std::size_t payload = large ? (32u << 10) + length * 16u : length % 4096u;
+    std::size_t payload = large ? (16u << 10) + length * 4u : length % 4096u;
     if (total + payload > most_data) payload = 0;
     total += payload;
     std::vector<std::byte> bytes;
