@@ -144,12 +144,17 @@ ucx_front::in_progress ucx_front::requests_in_progress() const {
   {
     std::lock_guard lock(state_->ucx->mutex());
     for (const auto& [key, r] : state_->requests) {
-      n.waiting += r->queued ? 1 : 0;
-      n.receiving += r->receiving ? 1 : 0;
+      if (r->queued) {
+        ++n.waiting;
+      } else if (r->receiving) {
+        ++n.receiving;
+      } else {
+        ++n.handling;  // granted, on its way to its handler or its answer
+      }
     }
   }
   std::lock_guard lock(state_->running_mutex);
-  n.handling = static_cast<std::size_t>(state_->running);
+  n.handling += static_cast<std::size_t>(state_->running);
   return n;
 }
 

@@ -96,7 +96,7 @@ class ucx_front {
   struct in_progress {
     std::size_t waiting = 0;    // for room in the budget
     std::size_t receiving = 0;  // their rendezvous body
-    std::size_t handling = 0;
+    std::size_t handling = 0;   // granted: being handled, or about to be
     std::size_t total() const { return waiting + receiving + handling; }
   };
   in_progress requests_in_progress() const;
