@@ -139,7 +139,7 @@ rss_start=$(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status")
   --server_max_queued_requests=16 >"$dir/flood.out" 2>&1 &
 flood_pid=$!
 peer_pids+=("$flood_pid")
-for _ in $(seq 1 400); do
+for _ in $(seq 1 600); do
   grep -q '^  flood: all but 16 answered' "$dir/flood.out" && break
   kill -0 "$flood_pid" 2>/dev/null || break
   sleep 0.05
