@@ -3,8 +3,6 @@
 #include <span>
 #include <string>
 
-#include "common/awaitables.hpp"
-
 namespace dlasync::examples {
 
 asio::awaitable<response> request_handler::handle(std::shared_ptr<std::byte[]> body,
