@@ -37,8 +37,9 @@ class ucx_client {
   // call() in two halves, for many requests in flight on one connection:
   // send() returns once the request is on its way; receive() waits for the
   // connection's next answer (answers come in the order the server gives
-  // them).
-  absl::Status send(int c, std::span<const std::byte> frame);
+  // them). `rendezvous`: the data goes by rendezvous whatever its size
+  // (UCP_AM_SEND_FLAG_RNDV); otherwise UCX chooses.
+  absl::Status send(int c, std::span<const std::byte> frame, bool rendezvous = false);
   absl::StatusOr<response> receive(int c, std::chrono::milliseconds timeout);
 
   // Any active message, for peers that break the protocol on purpose: id
@@ -47,9 +48,11 @@ class ucx_client {
   absl::Status send_raw(int c, unsigned id, bool reply, std::span<const std::byte> header,
                         std::size_t data_bytes, std::byte fill);
 
-  // A peer that stops progressing: sends `frame` on each of `connections`
-  // and then makes no UCX progress at all (nothing sent or received, no
-  // rendezvous served) until `while_stalled` returns.
+  // A peer that stops progressing: sends `frame` on each of `connections`,
+  // its data by rendezvous, and then makes no UCX progress at all (nothing
+  // sent or received, no rendezvous served) until `while_stalled` returns.
+  // For the announcements to go out at once, each connection must be set up
+  // for rendezvous first (a request sent with `rendezvous` and answered).
   absl::Status stall(std::span<const int> connections, std::span<const std::byte> frame,
                      const std::function<void()>& while_stalled);
 

@@ -54,12 +54,19 @@ std::string describe(const absl::StatusOr<response>& r) {
   return absl::StrCat(absl::StatusCodeToString(r->code), " (", r->text, ")");
 }
 
-// A new connection whose first request was answered: it is up.
-absl::StatusOr<int> connect_and_check(ucx_client& client, const ucx_peer_target& server) {
+// A new connection whose first request was answered: it is up. With
+// `rendezvous`, that request's body went by rendezvous, so the connection is
+// set up for it too (UCX sends a connection's first messages before all its
+// lanes are up, eagerly whatever their size).
+absl::StatusOr<int> connect_and_check(ucx_client& client, const ucx_peer_target& server,
+                                      bool rendezvous = false) {
   absl::StatusOr<int> c = client.connect(server.host, server.port);
   if (!c.ok()) return c.status();
-  absl::StatusOr<response> r = client.call(*c, ones_request(1, 64), 10s);
-  if (!r.ok() || !is_ones_answer(*r, 64)) {
+  constexpr std::uint32_t body_bytes = 64 << 10;
+  const absl::Status sent = client.send(*c, ones_request(1, body_bytes), rendezvous);
+  if (!sent.ok()) return sent;
+  const absl::StatusOr<response> r = client.receive(*c, 10s);
+  if (!r.ok() || !is_ones_answer(*r, body_bytes)) {
     return absl::UnavailableError(absl::StrCat("a first request was not answered: ", describe(r)));
   }
   return c;
@@ -76,7 +83,8 @@ std::vector<std::string> run_ucx_stall(ucx_client& client, const ucx_peer_target
   std::vector<std::string> problems;
   std::vector<int> connections;
   for (int i = 0; i < options.connections; ++i) {
-    absl::StatusOr<int> c = connect_and_check(client, server);
+    // Set up for rendezvous: the stalled announcements go out at once.
+    absl::StatusOr<int> c = connect_and_check(client, server, /*rendezvous=*/true);
     if (!c.ok()) return {absl::StrCat("stall: ", c.status().ToString())};
     connections.push_back(*c);
   }

@@ -106,8 +106,9 @@ stop_server() {
 }
 
 echo "== 1. rendezvous bodies that stop arriving are cut off at the read deadline"
-start_server --read_timeout_ms=1500 "$@"
+start_server --read_timeout_ms=2000 "$@"
 stall stalled 4
+wait_for_requests "0 waiting for room, 4 bodies arriving"
 timeout 15 "$client" --port="$port" --connections=2 --seconds=1 --max_elements=20000 \
   >"$dir/tcp.out" 2>&1 &
 tcp_pid=$!
