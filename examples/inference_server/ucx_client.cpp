@@ -1,10 +1,5 @@
 #include "ucx_client.hpp"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <arpa/inet.h>
-
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -91,27 +86,15 @@ ucx_client::~ucx_client() {
 }
 
 absl::StatusOr<int> ucx_client::connect(const std::string& host, int port) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--host=", host, " is not an IPv4 address"));
-  }
   std::lock_guard lock(state_->ucx->mutex());
   auto l = std::make_unique<link>();
-  ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-  p.sockaddr.addrlen = sizeof(addr);
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = &state::on_error;
-  p.err_handler.arg = state_.get();
-  if (ucs_status_t st = ucp_ep_create(state_->ucx->worker(), &p, &l->ep); st != UCS_OK) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot connect to ", host, ":", port, " over UCX: ", ucs_status_string(st)));
+  absl::StatusOr<ucp_ep_h> ep =
+      state_->ucx->connect(host, static_cast<std::uint16_t>(port), &state::on_error, state_.get());
+  if (!ep.ok()) {
+    return absl::Status(ep.status().code(), absl::StrCat("--host=", host, " --ucx_port=", port,
+                                                         ": ", ep.status().message()));
   }
+  l->ep = *ep;
   state_->links.push_back(std::move(l));
   state_->ucx->progress();
   return static_cast<int>(state_->links.size() - 1);

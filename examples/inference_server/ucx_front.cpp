@@ -1,10 +1,5 @@
 #include "ucx_front.hpp"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <arpa/inet.h>
-
 #include "absl/strings/str_cat.h"
 #include "asio/post.hpp"
 #include "ucx_front_state.hpp"
@@ -14,7 +9,7 @@ namespace dlasync::examples {
 void ucx_front::state::on_connection(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<state*>(arg);
   if (self->stopping) {
-    ucp_listener_reject(self->listener, request);
+    self->ucx->reject(request);
     return;
   }
   std::optional<connection_limit::slot> slot;
@@ -22,19 +17,13 @@ void ucx_front::state::on_connection(ucp_conn_request_h request, void* arg) {
     slot = self->opts.connections->try_take();
     if (!slot) {
       self->refused_connections.fetch_add(1);
-      ucp_listener_reject(self->listener, request);
+      self->ucx->reject(request);
       return;
     }
   }
-  ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.conn_request = request;
-  p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-  p.err_handler.cb = &state::on_endpoint_error;
-  p.err_handler.arg = self;
-  ucp_ep_h ep = nullptr;
-  if (ucp_ep_create(self->ucx->worker(), &p, &ep) != UCS_OK) return;
+  absl::StatusOr<ucp_ep_h> accepted = self->ucx->accept(request, &state::on_endpoint_error, self);
+  if (!accepted.ok()) return;
+  const ucp_ep_h ep = *accepted;
   auto c = std::make_shared<connection>();
   c->ep = ep;
   c->slot = std::move(slot);
@@ -92,30 +81,15 @@ absl::StatusOr<std::unique_ptr<ucx_front>> ucx_front::create(const asio::any_io_
       s->ucx->finalize();
       return st;
     }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(s->opts.port));
-    if (inet_pton(AF_INET, s->opts.address.c_str(), &addr.sin_addr) != 1) {
+    absl::StatusOr<std::uint16_t> port = s->ucx->listen(
+        s->opts.address, static_cast<std::uint16_t>(s->opts.port), &state::on_connection, s.get());
+    if (!port.ok()) {
       s->ucx->finalize();
-      return absl::InvalidArgumentError(
-          absl::StrCat("--address=", s->opts.address, " is not an IPv4 address"));
+      return absl::Status(port.status().code(),
+                          absl::StrCat("--address=", s->opts.address, " --ucx_port=", s->opts.port,
+                                       ": ", port.status().message()));
     }
-    ucp_listener_params_t lp{};
-    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    lp.sockaddr.addrlen = sizeof(addr);
-    lp.conn_handler.cb = &state::on_connection;
-    lp.conn_handler.arg = s.get();
-    if (ucs_status_t st = ucp_listener_create(s->ucx->worker(), &lp, &s->listener); st != UCS_OK) {
-      s->ucx->finalize();
-      return absl::UnavailableError(absl::StrCat("UCX cannot listen on ", s->opts.address, ":",
-                                                 s->opts.port, ": ", ucs_status_string(st)));
-    }
-    ucp_listener_attr_t attr{};
-    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-    if (ucp_listener_query(s->listener, &attr) == UCS_OK) {
-      s->port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-    }
+    s->port = *port;
   }
   s->ucx->start();
   return std::unique_ptr<ucx_front>(new ucx_front(std::move(s)));
@@ -171,7 +145,7 @@ void ucx_front::stop() {
     s.running_done.wait(lock, [&] { return s.running == 0; });
   }
   std::lock_guard lock(s.ucx->mutex());
-  if (s.listener != nullptr) ucp_listener_destroy(s.listener);
+  s.ucx->stop_listening();
   std::vector<std::shared_ptr<connection>> open;
   for (auto& [ep, c] : s.connections) open.push_back(c);
   for (const std::shared_ptr<connection>& c : open) s.close_connection(c, /*from_ucx=*/false);

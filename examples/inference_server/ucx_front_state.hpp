@@ -64,7 +64,6 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
   handler_fn handle;
   counter_fn count;
   std::shared_ptr<ucx_worker> ucx;
-  ucp_listener_h listener = nullptr;
   unsigned short port = 0;
   // stopping: no new request is taken; stopped: UCX is gone.
   bool stopping = false;

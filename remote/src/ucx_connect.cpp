@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -113,6 +114,10 @@ absl::StatusOr<ucp_ep_h> ucx_worker::accept(ucp_conn_request_h request,
 
 void ucx_worker::reject(ucp_conn_request_h request) {
   if (listener_ != nullptr) ucp_listener_reject(listener_, request);
+}
+
+void ucx_worker::stop_listening() {
+  if (listener_ != nullptr) ucp_listener_destroy(std::exchange(listener_, nullptr));
 }
 
 absl::StatusOr<ucp_ep_h> ucx_worker::connect(const std::string& address, std::uint16_t port,

@@ -197,8 +197,7 @@ void ucx_worker::settle_closes() {
 }
 
 void ucx_worker::finalize() {
-  // No connection requests from here on.
-  if (listener_ != nullptr) ucp_listener_destroy(std::exchange(listener_, nullptr));
+  stop_listening();
   if (worker_ != nullptr) {
     // An endpoint left open with a send under way (a reply endpoint, which
     // UCX made) is closed first: UCX 1.13 aborts the process when it
@@ -319,14 +318,24 @@ void ucx_worker::progress() {
   // outer call goes on progressing until idle, so it has nothing to do.
   if (stopped_ || progressing_) return;
   progressing_ = true;
-  for (;;) {
-    while (ucp_worker_progress(worker_) != 0) {
+  // Bounded: peers that never stop sending must not keep this thread, and
+  // the lock, for good. What is left goes on from the executor.
+  bool idle = false;
+  for (unsigned rounds = 0; rounds < max_progress_rounds;) {
+    while (rounds < max_progress_rounds && ucp_worker_progress(worker_) != 0) ++rounds;
+    if (rounds == max_progress_rounds) break;
+    ++rounds;
+    if (ucp_worker_arm(worker_) != UCS_ERR_BUSY) {
+      idle = true;
+      break;
     }
-    const ucs_status_t s = ucp_worker_arm(worker_);
-    if (s == UCS_ERR_BUSY) continue;
-    break;
   }
   progressing_ = false;
+  if (!idle && events_) {
+    asio::post(events_->get_executor(), [weak = weak_from_this()] {
+      if (std::shared_ptr<ucx_worker> self = weak.lock()) self->on_readable(false, {});
+    });
+  }
 }
 
 void ucx_worker::watch() {

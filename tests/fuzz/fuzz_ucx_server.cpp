@@ -43,11 +43,6 @@
 #include <utility>
 #include <vector>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include <arpa/inet.h>
-
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
 #include "dlasync/dlasync.hpp"
@@ -149,25 +144,15 @@ struct setup {
     peer = *std::move(w);
     std::lock_guard lock(peer->mutex());
     if (!peer->set_am_handler(ucx_response_am, &setup::on_answer, this).ok()) fail("handler");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(front->port());
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    ucp_ep_params_t p{};
-    // Peer error handling, as the server's endpoints have (UCX wants both
-    // ends alike); the server never closes this connection, so an error is a
-    // finding.
-    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    p.err_handler.cb = [](void* arg, ucp_ep_h, ucs_status_t) {
-      if (!static_cast<setup*>(arg)->taking_down) fail("the connection broke");
-    };
-    p.err_handler.arg = this;
-    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
-    p.sockaddr.addrlen = sizeof(addr);
-    if (ucp_ep_create(peer->worker(), &p, &ep) != UCS_OK) fail("cannot connect");
+    // The server never closes this connection, so an error is a finding.
+    absl::StatusOr<ucp_ep_h> connected = peer->connect(
+        "127.0.0.1", front->port(),
+        [](void* arg, ucp_ep_h, ucs_status_t) {
+          if (!static_cast<setup*>(arg)->taking_down) fail("the connection broke");
+        },
+        this);
+    if (!connected.ok()) fail("cannot connect");
+    ep = *connected;
   }
 };
 

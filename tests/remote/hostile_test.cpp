@@ -316,3 +316,41 @@ TEST_CASE("a peer's garbage active messages reach no handler slot that is not th
 }
 
 }  // namespace dlasync
+
+namespace dlasync {
+
+TEST_CASE("a node's listener takes at most max_connections importers at once",
+          "[remote][hostile]") {
+  auto out = std::make_unique<importer>();
+  out->rt = testing::make_runtime(2);
+  remote_node_options o;
+  o.max_connections = 1;
+  out->node = *remote_node::create(*out->rt, o);
+  publish_options po;
+  po.importers = 2;
+  auto p = publish_here(*out->node, "contiguous", {16, 16}, po);
+  auto first = make_importer("");
+  auto second = make_importer("");
+  REQUIRE(import_now(*first->node, p->descriptor).ok());
+  REQUIRE(out->node->connections() == 1);
+  // The first importer keeps its connection: the second is refused.
+  absl::StatusOr<tensor> t = import_now(*second->node, p->descriptor);
+  REQUIRE(t.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE(out->node->connections() == 1);
+  // Once it goes, there is room again.
+  first.reset();
+  REQUIRE(testing::eventually([&] { return out->node->connections() == 0; }));
+  auto third = make_importer("");
+  t = import_now(*third->node, p->descriptor);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  std::unique_ptr<runtime> rt = testing::make_runtime(1);
+  remote_node_options none;
+  none.max_connections = 0;
+  absl::StatusOr<std::unique_ptr<remote_node>> refused = remote_node::create(*rt, none);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(refused.status().message()), Catch::Contains("max_connections = 0"));
+}
+
+}  // namespace dlasync

@@ -99,6 +99,8 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   absl::StatusOr<ucp_ep_h> accept(ucp_conn_request_h request, ucp_err_handler_cb_t on_error,
                                   void* arg);
   void reject(ucp_conn_request_h request);
+  // No connection requests from here on (finalize does it too).
+  void stop_listening();
   // An endpoint to the listener at `address`:`port`. InvalidArgument for an
   // address that is not numeric or port 0; Unavailable when UCX cannot
   // start the connection (a refused one is reported later, to on_error).
@@ -167,9 +169,12 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
 
   // Starts watching the event descriptor. Call once, without the mutex.
   void start();
-  // Progresses until idle. Requires the mutex; from inside a UCX callback
-  // it does nothing (the progress under way goes on until idle).
+  // Progresses until idle, or for at most max_progress_rounds rounds, when
+  // the rest goes on from the executor (so a peer that never stops sending
+  // cannot keep a thread and the lock for good). Requires the mutex; from
+  // inside a UCX callback it does nothing (the progress under way goes on).
   void progress();
+  static constexpr unsigned max_progress_rounds = 4096;
   // Stops watching; requires the mutex.
   void stop();
   // Stops, then destroys the worker and the context, so that peers see the
