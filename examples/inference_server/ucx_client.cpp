@@ -30,9 +30,6 @@ struct link {
 
 struct ucx_client::state {
   std::shared_ptr<ucx_worker> ucx;
-  // Frames sent by rendezvous, which ucx_worker::send_am cannot ask for:
-  // kept until the worker is gone, as UCX may read them until then.
-  std::deque<std::vector<std::byte>> forced;
   std::condition_variable answered;  // with ucx->mutex()
   std::vector<std::unique_ptr<link>> links;
   bool stopped = false;
@@ -115,29 +112,14 @@ namespace {
 // The request frame as an active message: its first bytes as the header,
 // the rest as the data. The worker keeps the copy while UCX reads it,
 // which may be after the caller stopped waiting.
-ucx_worker::am_message request_message(std::span<const std::byte> frame) {
+ucx_worker::am_message request_message(std::span<const std::byte> frame, bool rendezvous) {
   ucx_worker::am_message m;
   m.id = ucx_request_am;
   m.bytes.assign(frame.begin(), frame.end());
   m.header_bytes = std::min(frame.size(), header_part);
   m.reply = true;
+  if (rendezvous) m.carried_by = ucx_worker::am_message::protocol::rendezvous;
   return m;
-}
-
-// Sends `frame` on `ep` with UCP_AM_SEND_FLAG_RNDV, from a copy kept in
-// `forced`. Requires the worker's mutex.
-ucs_status_t send_by_rendezvous(ucp_ep_h ep, std::span<const std::byte> frame,
-                                std::deque<std::vector<std::byte>>& forced) {
-  const std::vector<std::byte>& bytes = forced.emplace_back(frame.begin(), frame.end());
-  const std::size_t header = std::min(bytes.size(), header_part);
-  ucp_request_param_t p{};
-  p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  p.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_RNDV;
-  ucs_status_ptr_t r = ucp_am_send_nbx(ep, ucx_request_am, bytes.data(), header,
-                                       bytes.data() + header, bytes.size() - header, &p);
-  if (!UCS_PTR_IS_PTR(r)) return UCS_PTR_STATUS(r);
-  ucp_request_free(r);  // UCX releases it once the send is over
-  return UCS_INPROGRESS;
 }
 
 }  // namespace
@@ -146,8 +128,7 @@ absl::Status ucx_client::send(int c, std::span<const std::byte> frame, bool rend
   std::lock_guard lock(state_->ucx->mutex());
   link& l = *state_->links.at(static_cast<std::size_t>(c));
   if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
-  const ucs_status_t st = rendezvous ? send_by_rendezvous(l.ep, frame, state_->forced)
-                                     : state_->ucx->send_am(l.ep, request_message(frame));
+  const ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame, rendezvous));
   if (UCS_STATUS_IS_ERR(st)) {
     return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
   }
@@ -182,7 +163,8 @@ absl::Status ucx_client::stall(std::span<const int> connections, std::span<const
   for (int c : connections) {
     link& l = *state_->links.at(static_cast<std::size_t>(c));
     if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
-    if (ucs_status_t st = send_by_rendezvous(l.ep, frame, state_->forced); UCS_STATUS_IS_ERR(st)) {
+    if (ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame, true));
+        UCS_STATUS_IS_ERR(st)) {
       return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
     }
   }

@@ -130,10 +130,10 @@ ucs_status_t ucx_worker::send_am(ucp_ep_h ep, am_message m, send_done done) {
     sent->owner->end_send(sent->self, status);
   };
   param.user_data = &p;
-  if (msg.reply) {
-    param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = UCP_AM_SEND_FLAG_REPLY;
-  }
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = msg.reply ? UCP_AM_SEND_FLAG_REPLY : 0;
+  if (msg.carried_by == am_message::protocol::eager) param.flags |= UCP_AM_SEND_FLAG_EAGER;
+  if (msg.carried_by == am_message::protocol::rendezvous) param.flags |= UCP_AM_SEND_FLAG_RNDV;
   ucs_status_ptr_t r =
       ucp_am_send_nbx(ep, msg.id, header, msg.header_bytes, data, data_bytes, &param);
   if (r != nullptr && !UCS_PTR_IS_ERR(r)) return UCS_INPROGRESS;

@@ -137,6 +137,12 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
     std::size_t data_bytes = 0;
     // UCP_AM_SEND_FLAG_REPLY: the receiver gets an endpoint to answer on.
     bool reply = false;
+    // How UCX carries the data: its choice by size, or always eagerly (the
+    // bytes go with the message, copied through UCX's buffers: no round
+    // trip), or always by rendezvous (the receiver fetches them when it
+    // takes the message: zero-copy where the transport can).
+    enum class protocol : std::uint8_t { automatic, eager, rendezvous };
+    protocol carried_by = protocol::automatic;
   };
   using send_done = absl::AnyInvocable<void(ucs_status_t)>;
   // Sends `m` on `ep`. `done` (may be empty) runs once when the send is
