@@ -125,15 +125,15 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
                                " (its dtype, shape, strides, offset or address were changed); "
                                "import the descriptor as the exporter made it"));
   }
+  if (m.send_bytes > 1) {
+    return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
+  }
   if (m.send_bytes == 0 && (!options_.trusted_peers || pub.memh == nullptr)) {
     return refuse(absl::StatusCode::kPermissionDenied,
                   "this exporter does not let importers read its memory (its node does not "
                   "trust its peers with RMA); ask for the bytes instead");
   }
-  if (m.send_bytes > 1 || pub.granted >= pub.importers) {
-    if (m.send_bytes > 1) {
-      return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
-    }
+  if (pub.granted >= pub.importers) {
     return refuse(absl::StatusCode::kFailedPrecondition,
                   absl::StrCat("lease ", m.lease_id, " was published for ", pub.importers,
                                " importer(s), and all of them have held it; publish with more "
@@ -143,12 +143,12 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
   const std::uint64_t hold_id = ++pub.last_hold;
   const std::uint64_t secret = remote_detail::random_u64();
   pub.holds.emplace(hold_id, hold{secret, ep});
-  const piece_plan plan =
-      m.send_bytes != 0
-          ? remote_detail::choose_plan(
-                pub.description, pub.plan,
-                options_.min_run_bytes != 0 ? options_.min_run_bytes : std::uint64_t{16} << 10)
-          : piece_plan::none;
+  const piece_plan plan = m.send_bytes != 0 ? remote_detail::choose_plan(
+                                                  pub.description, pub.plan,
+                                                  options_.min_run_bytes != 0
+                                                      ? options_.min_run_bytes
+                                                      : remote_detail::default_min_sent_run_bytes)
+                                            : piece_plan::none;
   const remote_detail::piece_walk walk(pub.description, pub.plan, plan);
   r.hold_id = hold_id;
   r.secret = secret;

@@ -57,8 +57,11 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
 // exporter compares it with its own.
 std::uint64_t description_digest(const remote_descriptor& d);
 
-// A strided tensor is sent run by run when there are at most this many runs.
+// A strided tensor is sent run by run when there are at most this many runs,
+// and, unless remote_node_options::min_run_bytes says otherwise, when they
+// are at least this long (docs/remote.md).
 inline constexpr std::uint64_t max_runs = std::uint64_t{1} << 16;
+inline constexpr std::uint64_t default_min_sent_run_bytes = std::uint64_t{16} << 10;
 
 // How an exporter sends the tensor `d` (validated as `p`): whole when
 // compact, dense when its span holds each element once in another order,

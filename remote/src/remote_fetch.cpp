@@ -119,7 +119,7 @@ void remote_import::write_done_locked(ucs_status_t status) {
 }
 
 void remote_import::advance_locked() {
-  if (finished_) return fail_locked(absl::OkStatus());
+  if (finished_) return wind_down_locked();
   if (!failure_.ok()) return fail_locked(failure_);
   if (!hold_granted_ || writes_in_flight_ > 0 || rma_issuing_) return;
   if (!rma_ && (!walk_ || pieces_done_ < walk_->count())) return;
@@ -154,8 +154,8 @@ void remote_import::fetch_rma_locked() {
   }
   rma_issuing_ = false;
   core_->ucx().progress();
+  std::shared_ptr<remote_import> self = shared_from_this();  // before the last hold goes
   if (writes_in_flight_ == 0) keep_alive_.reset();
-  std::shared_ptr<remote_import> self = shared_from_this();
   advance_locked();
 }
 

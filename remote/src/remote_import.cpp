@@ -138,12 +138,12 @@ void remote_import::on_budget(const absl::Status& granted) {
   if (budget_taken_) return;  // shutdown gave it back already
   if (!granted.ok()) {
     finish_locked(granted);  // a cancellation already finished it
-    return fail_locked(absl::OkStatus());
+    return wind_down_locked();
   }
   budget_held_ = fetch_bytes_;
   if (finished_ || core_->stopping()) {
     finish_locked(in_flight(absl::CancelledError("the remote node shut down")));
-    return fail_locked(absl::OkStatus());
+    return wind_down_locked();
   }
   if (fetch_bytes_ > 0) {
     absl::StatusOr<device_buffer> b = core_->rt().allocate(host_, fetch_bytes_);
@@ -177,13 +177,13 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, ucp_ep_h from) {
         absl::Status(peer_code(m.code), absl::StrCat("the exporter refused lease ",
                                                      descriptor_.lease_id, ": ", message)),
         import_error{.consumed = false, .rule = "lease", .copy_reasons = ""}));
-    return fail_locked(absl::OkStatus());
+    return wind_down_locked();
   }
   hold_granted_ = true;
   hold_id_ = m.hold_id;
   secret_ = m.secret;
   hold_end_ = sent_ + std::chrono::microseconds(std::min(m.remaining_us, max_hold_us));
-  if (finished_) return fail_locked(absl::OkStatus());  // cancelled meanwhile: released now
+  if (finished_) return wind_down_locked();  // cancelled meanwhile: released now
   if (rma_) {
     if (m.plan != static_cast<std::uint8_t>(piece_plan::none) || m.pieces != 0) {
       return fail_locked(absl::DataLossError(
@@ -268,7 +268,11 @@ void remote_import::land_locally(device_buffer buffer) {
 }
 
 void remote_import::fail_locked(absl::Status why) {
-  if (!why.ok() && !finished_) finish_locked(in_flight(std::move(why)));
+  finish_locked(in_flight(std::move(why)));
+  wind_down_locked();
+}
+
+void remote_import::wind_down_locked() {
   // Late answers find no import and are dropped (a rendezvous is completed
   // for its sender as dropped).
   if (tracked_ && (reply_seen_ || !hold_requested_)) {
@@ -354,7 +358,7 @@ void remote_import::cancel(absl::Status why) {
   }
   // A hold asked for and not answered yet stays tracked: its answer
   // releases it.
-  fail_locked(absl::OkStatus());
+  wind_down_locked();
 }
 
 std::shared_ptr<remote_import> make_remote_import(

@@ -80,8 +80,13 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Goes on once every byte is in; or frees what is left after a failure.
   void advance_locked();
   void fetched_locked();
-  // Ends the import with `why` (consumed) unless it ended already.
+  // Ends the import with `why` (consumed) unless it ended already, then
+  // winds it down.
   void fail_locked(absl::Status why);
+  // After the handler has its result: the import leaves the node's table
+  // (unless a hold's answer is still to come, which releases it), its hold
+  // is released, and what nothing writes any more is freed.
+  void wind_down_locked();
   // Sends the release once, when a hold was granted.
   void release_hold_locked();
   // Frees the buffer, the budget and the remote key once nothing writes.

@@ -43,6 +43,16 @@ absl::StatusOr<socket_address> parse(const std::string& address, std::uint16_t p
   return out;
 }
 
+// Peer error handling (`peer`), and the handler of errors when there is one.
+void handle_errors(ucp_ep_params_t& p, bool peer, ucp_err_handler_cb_t on_error, void* arg) {
+  p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  p.err_mode = peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (on_error == nullptr) return;
+  p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = arg;
+}
+
 }  // namespace
 
 bool ucx_worker::shared_memory_only(const std::string& transports) {
@@ -97,14 +107,9 @@ absl::StatusOr<ucp_ep_h> ucx_worker::accept(ucp_conn_request_h request,
   attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ID;
   if (ucp_conn_request_query(request, &attr) == UCS_OK) peer = (attr.client_id & 1) != 0;
   ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   p.conn_request = request;
-  p.err_mode = peer ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-  if (on_error != nullptr) {
-    p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.err_handler.cb = on_error;
-    p.err_handler.arg = arg;
-  }
+  handle_errors(p, peer, on_error, arg);
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(worker_, &p, &ep); s != UCS_OK) {
     return remote_detail::ucx_error(s, "UCX could not accept a connection");
@@ -129,17 +134,11 @@ absl::StatusOr<ucp_ep_h> ucx_worker::connect(const std::string& address, std::ui
   absl::StatusOr<socket_address> a = parse(address, port);
   if (!a.ok()) return a.status();
   ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
   p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER | UCP_EP_PARAMS_FLAGS_SEND_CLIENT_ID;
   p.sockaddr.addr = a->get();
   p.sockaddr.addrlen = a->length;
-  p.err_mode = peer_failure_ ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-  if (on_error != nullptr) {
-    p.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    p.err_handler.cb = on_error;
-    p.err_handler.arg = arg;
-  }
+  handle_errors(p, peer_failure_, on_error, arg);
   ucp_ep_h ep = nullptr;
   if (ucs_status_t s = ucp_ep_create(worker_, &p, &ep); s != UCS_OK) {
     return absl::UnavailableError(absl::StrCat("UCX cannot connect to ", address, " port ", port,

@@ -181,8 +181,7 @@ void ucx_worker::closed(ucp_ep_h ep) {
   // Collected first: a completion may start or end other sends.
   std::vector<send_done> ended;
   for (pending_send& p : sends_) {
-    if (p.sent_on == ep && p.done) ended.push_back(std::move(p.done));
-    if (p.sent_on == ep) p.done = nullptr;
+    if (p.sent_on == ep && p.done) ended.push_back(std::exchange(p.done, nullptr));
   }
   for (send_done& d : ended) d(UCS_ERR_CANCELED);
 }

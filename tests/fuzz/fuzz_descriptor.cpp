@@ -68,7 +68,8 @@ void check_pieces(const remote_descriptor& d, const remote_detail::remote_plan& 
       check_piece(walk, p, i);
     }
   }
-  const piece_plan chosen = remote_detail::choose_plan(d, p, 16384);
+  const piece_plan chosen =
+      remote_detail::choose_plan(d, p, remote_detail::default_min_sent_run_bytes);
   if (!remote_detail::piece_walk::fits(d, p, chosen)) fail("the chosen plan does not fit");
 }
 
