@@ -37,7 +37,7 @@
 #include "layouts.hpp"
 #include "paired.hpp"
 #if defined(DLASYNC_BENCH_INTERNALS)
-#include "transfer/src/copy/strided_copy.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 #endif
 
 namespace {

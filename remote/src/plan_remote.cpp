@@ -7,9 +7,13 @@
 #include "absl/strings/str_cat.h"
 #include "dlasync/transfer/import_error.hpp"
 #include "dlasync/transfer/producer.hpp"
+#include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync::remote_detail {
 namespace {
+
+using detail::innermost_run;
+using detail::run_shape;
 
 absl::Status refuse(absl::Status status, const char* rule) {
   return with_import_error(std::move(status),
@@ -17,23 +21,6 @@ absl::Status refuse(absl::Status status, const char* rule) {
 }
 
 }  // namespace
-
-run_shape contiguous_run(const std::vector<std::int64_t>& shape,
-                         const std::vector<std::int64_t>& strides, std::uint64_t elem) {
-  run_shape r{0, elem};
-  std::int64_t expected = 1;
-  for (std::size_t i = shape.size(); i-- > 0;) {
-    if (shape[i] == 1) {
-      ++r.inner_dims;
-      continue;
-    }
-    if (strides[i] != expected) break;
-    expected *= shape[i];
-    r.bytes *= static_cast<std::uint64_t>(shape[i]);
-    ++r.inner_dims;
-  }
-  return r;
-}
 
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry) {
@@ -150,26 +137,12 @@ std::uint64_t description_digest(const remote_descriptor& d) {
 
 namespace {
 
-// Whether the elements fill their span exactly once: the extents above 1,
-// taken by the size of their strides, must step as a compact layout does
-// (each stride the product of the smaller ones' extents), in any order and
-// direction.
+run_shape contiguous_run(const remote_descriptor& d) {
+  return innermost_run(d.shape, d.strides, d.type.padded_size());
+}
+
 bool fills_span(const remote_descriptor& d) {
-  std::vector<std::pair<std::uint64_t, std::int64_t>> dims;  // |stride|, extent
-  for (std::size_t i = 0; i < d.shape.size(); ++i) {
-    if (d.shape[i] == 1) continue;
-    if (d.strides[i] == 0) return false;
-    const std::int64_t s = d.strides[i];
-    dims.emplace_back(s < 0 ? 0 - static_cast<std::uint64_t>(s) : static_cast<std::uint64_t>(s),
-                      d.shape[i]);
-  }
-  std::sort(dims.begin(), dims.end());
-  std::uint64_t expected = 1;
-  for (const auto& [stride, extent] : dims) {
-    if (stride != expected) return false;
-    expected *= static_cast<std::uint64_t>(extent);  // bounded by validation
-  }
-  return true;
+  return detail::fills_span(d.shape, d.strides);
 }
 
 }  // namespace
@@ -178,10 +151,38 @@ piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::ui
   if (p.plan.element_count == 0 || p.plan.compact) return piece_plan::whole;
   if (!d.type.is_sub_byte() && fills_span(d)) return piece_plan::dense;
   if (piece_walk::fits(d, p, piece_plan::runs)) {
-    const run_shape run = contiguous_run(d.shape, d.strides, d.type.padded_size());
+    const run_shape run = contiguous_run(d);
     if (run.bytes >= min_run) return piece_plan::runs;
   }
   return piece_plan::gathered;
+}
+
+absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remote_plan& p,
+                                          remote_fetch mode, bool trusted, bool native_rma,
+                                          std::uint64_t min_run_bytes) {
+  fetch_choice out;
+  switch (mode) {
+    case remote_fetch::automatic: out.rma = trusted && !d.rkey.empty() && native_rma; break;
+    case remote_fetch::rma: out.rma = true; break;
+    case remote_fetch::active_messages: out.rma = false; break;
+  }
+  if (p.plan.element_count == 0) return out;
+  if (out.rma && d.rkey.empty()) {
+    return refuse(absl::FailedPreconditionError(
+                      "remote_node_options::fetch = rma, but the descriptor carries no remote "
+                      "key: its exporter does not trust its peers with RMA; use "
+                      "remote_fetch::automatic"),
+                  "remote_region");
+  }
+  out.bytes = p.plan.byte_size;
+  if (out.rma && !p.plan.compact) {
+    const std::uint64_t min_run = min_run_bytes != 0 ? min_run_bytes : 4096;
+    if (!piece_walk::fits(d, p, piece_plan::runs) || contiguous_run(d).bytes < min_run) {
+      out.span = true;
+      out.bytes = p.span_bytes;
+    }
+  }
+  return out;
 }
 
 bool piece_walk::fits(const remote_descriptor& d, const remote_plan& p, piece_plan plan) {
@@ -193,7 +194,7 @@ bool piece_walk::fits(const remote_descriptor& d, const remote_plan& p, piece_pl
     case piece_plan::gathered: return p.plan.element_count > 0;
     case piece_plan::runs: {
       if (p.plan.element_count == 0 || d.type.is_sub_byte()) return false;
-      const run_shape run = contiguous_run(d.shape, d.strides, d.type.padded_size());
+      const run_shape run = contiguous_run(d);
       return run.inner_dims < d.shape.size() && p.plan.byte_size / run.bytes <= max_runs;
     }
     case piece_plan::none: return false;
@@ -213,7 +214,7 @@ piece_walk::piece_walk(const remote_descriptor& d, const remote_plan& p, piece_p
       break;
     case piece_plan::runs: {
       elem_ = d.type.padded_size();
-      const run_shape run = contiguous_run(d.shape, d.strides, elem_);
+      const run_shape run = contiguous_run(d);
       const std::size_t outer = d.shape.size() - run.inner_dims;
       outer_shape_.assign(d.shape.begin(), d.shape.begin() + static_cast<std::ptrdiff_t>(outer));
       outer_strides_.assign(d.strides.begin(),

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "dlasync/remote/descriptor.hpp"
+#include "dlasync/remote/node.hpp"
 #include "dlasync/runtime/device_registry.hpp"
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/validate.hpp"
@@ -39,16 +40,6 @@ struct remote_plan {
   std::uint64_t span_bytes = 0;
 };
 
-// The innermost contiguous run of a row-major walk over `shape` with
-// `strides` (elements of `elem` bytes): how many dimensions it covers, from
-// the last, and its length in bytes.
-struct run_shape {
-  std::size_t inner_dims = 0;
-  std::uint64_t bytes = 0;
-};
-run_shape contiguous_run(const std::vector<std::int64_t>& shape,
-                         const std::vector<std::int64_t>& strides, std::uint64_t elem);
-
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry);
 
@@ -56,6 +47,25 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
 // data address), hashed: a hold request carries the importer's, the
 // exporter compares it with its own.
 std::uint64_t description_digest(const remote_descriptor& d);
+
+// How an importer fetches a validated remote tensor: the exporter's pieces
+// (active messages) into a compact buffer, or, between trusted peers, RMA
+// gets of its runs, or of its whole span, compacted here afterwards.
+struct fetch_choice {
+  bool rma = false;
+  bool span = false;        // RMA of the span, compacted here
+  std::uint64_t bytes = 0;  // what lands here: the compact bytes, or the span
+};
+
+// The fetch for `d` (validated as `p`) under the node's `mode`: RMA where
+// the mode says so, or, automatically, between trusted peers when the
+// descriptor carries a key and the connection reads with a lane of its own
+// (`native_rma`). A strided RMA fetch reads runs of at least `min_run_bytes`
+// (0: 4 KiB), else the span. FailedPrecondition (not consumed) when RMA is
+// forced and the descriptor carries no key.
+absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remote_plan& p,
+                                          remote_fetch mode, bool trusted, bool native_rma,
+                                          std::uint64_t min_run_bytes);
 
 // A strided tensor is sent run by run when there are at most this many runs,
 // and, unless remote_node_options::min_run_bytes says otherwise, when they

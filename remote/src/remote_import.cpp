@@ -14,6 +14,7 @@
 #include "remote/src/remote_core.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
+#include "transfer/src/plan/transfer_plan.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -61,7 +62,6 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
   options_ = options;
   if (!options_.target) options_.target = host_device;
   host_ = options_.target->kind == device_kind::cpu ? *options_.target : host_device;
-  const import_plan& p = plan_.plan;
 
   absl::StatusOr<exporter_endpoint*> e =
       core_->endpoint_locked(descriptor_.exporter_address, descriptor_.exporter_port);
@@ -69,41 +69,17 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
   endpoint_ = *e;
   // RMA only between trusted peers, with the exporter's key; by default
   // only where UCX reads with a lane of its own (a connection in use tells).
-  switch (core_->options().fetch) {
-    case remote_fetch::automatic:
-      rma_ = core_->options().trusted_peers && !d.rkey.empty() &&
-             remote_core::native_rma(endpoint_->ep);
-      break;
-    case remote_fetch::rma: rma_ = true; break;
-    case remote_fetch::active_messages: rma_ = false; break;
-  }
-  if (rma_ && p.element_count > 0 && d.rkey.empty()) {
-    return finish_locked(with_import_error(
-        absl::FailedPreconditionError(
-            "remote_node_options::fetch = rma, but the descriptor carries no remote key: its "
-            "exporter does not trust its peers with RMA; use remote_fetch::automatic"),
-        import_error{.consumed = false, .rule = "remote_region", .copy_reasons = ""}));
-  }
-  // What lands here: the compact bytes, except for an RMA fetch of a span.
-  fetch_bytes_ = p.element_count == 0 ? 0 : p.byte_size;
-  if (rma_ && p.element_count > 0 && !p.compact) {
-    const std::uint64_t min_run =
-        core_->options().min_run_bytes != 0 ? core_->options().min_run_bytes : 4096;
-    const remote_detail::run_shape run =
-        remote_detail::contiguous_run(d.shape, d.strides, d.type.padded_size());
-    if (!remote_detail::piece_walk::fits(d, plan_, piece_plan::runs) || run.bytes < min_run) {
-      layout_ = layout::span;
-      fetch_bytes_ = plan_.span_bytes;
-    }
-  }
+  const remote_node_options& o = core_->options();
+  absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
+      d, plan_, o.fetch, o.trusted_peers, remote_core::native_rma(endpoint_->ep), o.min_run_bytes);
+  if (!fetch.ok()) return finish_locked(fetch.status());
+  rma_ = fetch->rma;
+  layout_ = fetch->span ? layout::span : layout::compact;
+  fetch_bytes_ = fetch->bytes;
   memory_budget& budget = *core_of(rt).budget();
-  if (budget.limit() != 0 && fetch_bytes_ > budget.limit()) {
-    return finish_locked(
-        with_import_error(absl::ResourceExhaustedError(absl::StrCat(
-                              "the remote tensor needs ", fetch_bytes_,
-                              " bytes here, above the whole copy budget of ", budget.limit(),
-                              " bytes; raise runtime_options::copy_memory_budget")),
-                          import_error{.consumed = false, .rule = "budget", .copy_reasons = ""}));
+  if (absl::Status st = detail::check_budget("the remote tensor", fetch_bytes_, budget.limit());
+      !st.ok()) {
+    return finish_locked(std::move(st));
   }
   // Tracked from here, so that shutdown finds it wherever it waits.
   request_id_ = core_->next_request_id_locked();

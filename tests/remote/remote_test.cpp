@@ -353,7 +353,7 @@ TEST_CASE("a remote descriptor is validated before anything moves, and nothing i
   SECTION("a tensor larger than the whole copy budget") {
     auto small = make_importer("", 64);
     require_refused(import_now(*small->node, good), absl::StatusCode::kResourceExhausted, "budget",
-                    "above the whole copy budget of 64 bytes");
+                    "more than the whole copy memory budget of 64 bytes");
   }
   // Nothing was consumed: the publication is still there, and imports.
   REQUIRE(p->count.calls.load() == 0);

@@ -17,7 +17,7 @@
 #include "support/layouts.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
-#include "transfer/src/copy/strided_copy.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 namespace dlasync::testing {
 

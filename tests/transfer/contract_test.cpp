@@ -103,7 +103,8 @@ TEST_CASE("a batch whose copies exceed the whole budget together is refused, not
   REQUIRE(results.size() == 3);
   for (const absl::StatusOr<tensor>& r : results) {
     require_status(r.status(), absl::StatusCode::kResourceExhausted,
-                   {"196608 bytes together", "102400", "no tensor of the batch was consumed"});
+                   {"this batch of 3 tensors needs 196608 bytes", "102400", "not consumed",
+                    "smaller batches"});
   }
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK_FALSE(sources[i].empty());

@@ -2,7 +2,7 @@
 // computed on the host, a multiply-high and a shift on the GPU. It must
 // agree with / and % for every numerator below 2^63 (every index of a
 // tensor) and every divisor an extent can be.
-#include "transfer/src/copy/gather_math.hpp"
+#include "transfer/src/kernels/gather_math.hpp"
 
 #include <cstdint>
 #include <random>

@@ -5,7 +5,7 @@
 // covers every word exactly once, and the tiled transpose (its choice, and
 // its two phases through the shared tile) on ragged, batched and reversed
 // shapes of every word size.
-#include "transfer/src/copy/gather_math.hpp"
+#include "transfer/src/kernels/gather_math.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "transfer/src/copy/gather.hpp"
+#include "transfer/src/kernels/gather.hpp"
 
 namespace dlasync::detail {
 namespace {

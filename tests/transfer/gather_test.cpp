@@ -1,6 +1,6 @@
 // The gather kernel of the CUDA seam, run by the simulation (on a real GPU
 // the [gpu] scenarios run the nvcc-built kernel).
-#include "transfer/src/copy/gather.hpp"
+#include "transfer/src/kernels/gather.hpp"
 
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "transfer/src/copy/strided_copy.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "transfer/src/copy/copy_kernels.hpp"
+#include "transfer/src/kernels/copy_kernels.hpp"
 
 namespace dlasync {
 namespace {

@@ -7,8 +7,8 @@
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/planted.hpp"
 #include "runtime/src/status_macros.hpp"
-#include "transfer/src/copy/gather.hpp"
 #include "transfer/src/copy/staging_pipeline.hpp"
+#include "transfer/src/kernels/gather.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -146,12 +146,8 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& req
 marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_request& request) {
   const path_stream on = enter_stream(core, s, request);
   if (on.done) return on.done;
+  // The plan refused uploads whose rows do not fit a chunk.
   auto p = staging_pipeline::upload(on.context, core.workers(), on.device, request);
-  if (!p->fits()) {
-    return done_marker(absl::UnimplementedError(
-        "a single row of this strided source is larger than a staging chunk; raise "
-        "runtime_options::staging_chunk_bytes or make the source contiguous first"));
-  }
   p->start(on.stream);
   return p->done();
 }

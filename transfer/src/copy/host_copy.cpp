@@ -9,7 +9,7 @@
 #include <emmintrin.h>
 #endif
 
-#include "transfer/src/copy/gather.hpp"
+#include "transfer/src/kernels/gather.hpp"
 
 namespace dlasync::detail {
 namespace {

@@ -7,8 +7,8 @@
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
-#include "transfer/src/copy/strided_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 namespace dlasync::detail {
 

@@ -14,18 +14,6 @@ namespace {
 // than the hop to a worker and back.
 constexpr std::uint64_t inline_gather_bytes = 64 << 10;
 
-// What one chunk carries: a whole chunk, but a transfer of less than
-// min_pieces chunks is cut into min_pieces pieces (of 256 KiB at least), so
-// that gathering, the link and the copy out overlap for it too: with one
-// piece they would take turns.
-std::uint64_t piece_bytes(const strided_layout& layout, std::uint64_t chunk) {
-  constexpr std::uint64_t min_pieces = 8;
-  std::uint64_t bytes = layout.element_size;
-  for (std::int64_t e : layout.shape) bytes *= static_cast<std::uint64_t>(e);
-  return std::clamp<std::uint64_t>(bytes / min_pieces, std::min<std::uint64_t>(256 << 10, chunk),
-                                   chunk);
-}
-
 // Enqueues one chunk's copy on `s` of `device`.
 absl::Status enqueue_copy(cuda::api& api, int device, void* dst, const void* src,
                           std::uint64_t bytes, cuda::memcpy_kind kind, cuda::stream_t s,
@@ -65,7 +53,7 @@ staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, work_p
       device_(device),
       to_device_(to_device),
       control_(request.control),
-      piece_(piece_bytes(request.layout, ctx_.chunks().chunk_bytes())),
+      piece_(staging_piece_bytes(request.bytes, ctx_.chunks().chunk_bytes())),
       copy_(request.layout, piece_),
       host_src_(request.from),
       device_src_(static_cast<const char*>(device_source)),
@@ -90,22 +78,6 @@ staging_pipeline::staging_pipeline(std::shared_ptr<cuda_context> context, work_p
                            static_cast<std::int64_t>(std::min(at + limit, copy_.bytes())));
     }
   }
-}
-
-bool staging_pipeline::upload_fits(const strided_layout& layout, std::uint64_t chunk_bytes) {
-  const strided_copy copy(layout, piece_bytes(layout, chunk_bytes));
-  const std::int64_t units = copy.units();
-  if (units == 0) return true;
-  return copy.dst_offset(1) - copy.dst_offset(0) <= chunk_bytes &&
-         copy.dst_offset(units) - copy.dst_offset(units - 1) <= chunk_bytes;
-}
-
-bool staging_pipeline::fits() const {
-  if (!to_device_) return true;
-  for (const auto& [begin, end] : ranges_) {
-    if (bytes_of(begin, end) > ctx_.chunks().chunk_bytes()) return false;
-  }
-  return true;
 }
 
 void staging_pipeline::start(cuda::stream_t after) {

@@ -21,8 +21,8 @@
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/cuda/cuda_context.hpp"
 #include "runtime/src/work_pool.hpp"
-#include "transfer/src/copy/strided_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 namespace dlasync::detail {
 
@@ -39,15 +39,6 @@ class staging_pipeline : public std::enable_shared_from_this<staging_pipeline> {
                                                     work_pool& pool, int device,
                                                     const copy_request& request,
                                                     const void* device_source);
-
-  // False when a unit of the upload (a single row of a strided source) is
-  // larger than a staging chunk.
-  bool fits() const;
-
-  // The same, asked of a source's layout before the import takes it, so
-  // that the refusal leaves the tensor with its owner. Units are alike but
-  // for the shorter last one of a split row: the first is the largest.
-  static bool upload_fits(const strided_layout& layout, std::uint64_t chunk_bytes);
 
   // Completes with the transfer's status; after an error or a cancellation
   // only once the streams it used have drained.

@@ -6,7 +6,7 @@
 #include "dlasync/transfer/import_error.hpp"
 #include "transfer/src/dlpack/block_cache.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
-#include "transfer/src/validate/layout.hpp"
+#include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync {
 namespace {

@@ -28,9 +28,8 @@ batch_operation::batch_operation(runtime& rt, std::size_t size, done_fn done)
       done_(std::move(done)) {}
 
 bool batch_operation::needs_budget(const import_start& m) const {
-  if (m.ready) return false;
-  const auto path = static_cast<transfer_path>(m.path);
-  return path != transfer_path::view && path != transfer_path::view_after_producer;
+  return !m.ready && m.transfer.path != transfer_path::view &&
+         m.transfer.path != transfer_path::view_after_producer;
 }
 
 void batch_operation::start(std::span<managed_tensor> sources, const import_options& options) {
@@ -45,23 +44,19 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
     core_.counters().import_began();
     const import_start& m = members_.back();
     if (!needs_budget(m)) continue;
-    total = m.plan.byte_size > std::numeric_limits<std::uint64_t>::max() - total
+    total = m.transfer.hold_bytes > std::numeric_limits<std::uint64_t>::max() - total
                 ? std::numeric_limits<std::uint64_t>::max()
-                : total + m.plan.byte_size;
+                : total + m.transfer.hold_bytes;
   }
-  const std::uint64_t limit = core_.budget()->limit();
-  if (limit != 0 && total > limit) {
-    const absl::Status over = absl::ResourceExhaustedError(absl::StrCat(
-        "the copies of this batch of ", n, " tensors need ", total,
-        " bytes together, more than the whole copy memory budget of ", limit,
-        " bytes; no tensor of the batch was consumed: import them in smaller batches, or raise "
-        "runtime_options::copy_memory_budget"));
+  const absl::Status over = check_budget(absl::StrCat("this batch of ", n, " tensors"), total,
+                                         core_.budget()->limit(), "import them in smaller batches");
+  if (!over.ok()) {
     for (std::size_t i = 0; i < n; ++i) {
       if (!members_[i].ready) members_[i].ready = refused(over, "budget", &members_[i].plan);
     }
   }
   // Registered, so that shutdown ends the wait for budget.
-  if (total > 0 && !(limit != 0 && total > limit)) {
+  if (total > 0 && over.ok()) {
     std::weak_ptr<batch_operation> weak = weak_from_this();
     op_id_ = core_.begin_operation([weak] {
       if (std::shared_ptr<batch_operation> self = weak.lock()) self->cancel();
@@ -83,7 +78,7 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
   }
   std::uint64_t reserved = 0;
   for (const import_start& m : members_) {
-    if (needs_budget(m)) reserved += m.plan.byte_size;
+    if (needs_budget(m)) reserved += m.transfer.hold_bytes;
   }
   if (reserved == 0) {
     if (op_id_ != 0) core_.end_operation(op_id_);
@@ -119,7 +114,7 @@ void batch_operation::on_budget(absl::Status status) {
     status = absl::CancelledError(
         "the batch was cancelled before its copies started; its sources were released");
     for (const import_start& m : members_) {
-      if (needs_budget(m)) core_.budget()->release(m.plan.byte_size);
+      if (needs_budget(m)) core_.budget()->release(m.transfer.hold_bytes);
     }
   }
   for (std::size_t i = 0; i < members_.size(); ++i) {
@@ -141,10 +136,7 @@ void batch_operation::on_budget(absl::Status status) {
 }
 
 void batch_operation::start_member(std::size_t index) {
-  auto op = std::make_shared<import_operation>(core_, std::move(members_[index]),
-                                               [self = shared_from_this(), index](import_result r) {
-                                                 self->member_done(index, std::move(r));
-                                               });
+  auto op = std::make_shared<import_operation>(core_, std::move(members_[index]));
   members_[index].ready = absl::UnknownError("started");  // taken; no longer needs budget
   bool cancelled = false;
   {
@@ -153,7 +145,9 @@ void batch_operation::start_member(std::size_t index) {
     cancelled = cancelled_;
   }
   if (cancelled) op->cancel();
-  op->start();
+  op->start([self = shared_from_this(), index](import_result r) {
+    self->member_done(index, std::move(r));
+  });
 }
 
 void batch_operation::cancel() {
@@ -175,7 +169,7 @@ void batch_operation::cancel() {
 
 void batch_operation::member_ended(std::size_t index, import_result result) {
   const import_start& m = members_[index];
-  count_completed(core_, m.began, static_cast<transfer_path>(m.path), m.plan.byte_size, result);
+  count_completed(core_, m.began, m.transfer.path, m.transfer.hold_bytes, result);
   member_done(index, std::move(result));
 }
 

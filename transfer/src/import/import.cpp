@@ -7,10 +7,10 @@
 #include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
-#include "transfer/src/copy/staging_pipeline.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/import/import_operation.hpp"
+#include "transfer/src/plan/transfer_plan.hpp"
 #include "transfer/src/validate/layout.hpp"
 
 namespace dlasync {
@@ -30,34 +30,21 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
     start.ready = refused(std::move(planned), "");
     return start;
   }
-  const absl::StatusOr<transfer_path> path = choose_path(core, plan);
-  if (!path.ok()) {
-    start.ready = refused(path.status(), "location", &plan);
+  transfer_facts facts;
+  facts.budget_limit = core.budget()->limit();
+  cuda_backend* cuda = core.cuda();
+  // The query the plan's function reference names lives to the plan's end.
+  const auto device_of = [cuda](const void* p) { return cuda->context().device_of(p); };
+  if (cuda != nullptr) {
+    facts.locate.emplace(device_of);
+    facts.chunk_bytes = cuda->context().chunks().chunk_bytes();
+  }
+  absl::StatusOr<transfer_plan> transfer = plan_transfer(facts, plan, *source.dl_tensor());
+  if (!transfer.ok()) {
+    start.ready = transfer.status();
     return start;
   }
-  if (*path == transfer_path::pageable_to_gpu &&
-      !staging_pipeline::upload_fits(source_layout(*source.dl_tensor(), plan),
-                                     core.cuda()->context().chunks().chunk_bytes())) {
-    start.ready = refused(
-        absl::UnimplementedError(absl::StrCat(
-            "a single row of this strided ", plan.source.name(),
-            " source is larger than a staging chunk of ", core.options().staging_chunk_bytes,
-            " bytes; the tensor was not consumed: raise runtime_options::staging_chunk_bytes or "
-            "make the source contiguous first")),
-        "staging", &plan);
-    return start;
-  }
-  const std::uint64_t limit = core.budget()->limit();
-  if (plan.needs_copy() && limit != 0 && plan.byte_size > limit) {
-    start.ready = refused(
-        absl::ResourceExhaustedError(absl::StrCat(
-            "a copy of ", plan.byte_size, " bytes exceeds the whole copy memory budget of ", limit,
-            " bytes; the tensor was not consumed: raise runtime_options::copy_memory_budget, or "
-            "import a view (copy unset, same device)")),
-        "budget", &plan);
-    return start;
-  }
-  start.path = static_cast<std::uint8_t>(*path);
+  start.transfer = *std::move(transfer);
   return start;
 }
 
@@ -65,7 +52,7 @@ void take_source(runtime& rt, import_start& start, managed_tensor& source) {
   if (start.ready) return;
   runtime_core& core = core_of(rt);
   const import_plan& plan = start.plan;
-  if (static_cast<transfer_path>(start.path) == transfer_path::view) {
+  if (start.transfer.path == transfer_path::view) {
     start.ready = tensor_factory::make_view(std::move(source), plan);
     return;
   }
@@ -89,16 +76,19 @@ void take_source(runtime& rt, import_start& start, managed_tensor& source) {
   start.source = std::move(source);
 }
 
-import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
+import_begun begin_import(runtime& rt, managed_tensor& source, const import_options& options) {
   import_start start = prepare_import(rt, source, options);
   take_source(rt, start, source);
   // A refusal or a view is handed on at once: it began and completed here.
   if (start.ready) {
     count_instant(core_of(rt), *start.ready);
-  } else {
-    core_of(rt).counters().import_began();
+    return {std::move(start.ready), nullptr};
   }
-  return start;
+  core_of(rt).counters().import_began();
+  if (std::optional<import_result> copied = copy_inline(rt, start)) {
+    return {std::move(copied), nullptr};
+  }
+  return {std::nullopt, std::make_shared<import_operation>(core_of(rt), std::move(start))};
 }
 
 namespace {
@@ -107,7 +97,7 @@ namespace {
 // or why there can be none (the tensor then stays with `source`).
 absl::StatusOr<tensor> view_at_once(managed_tensor& source, const import_start& start) {
   const import_plan& plan = start.plan;
-  switch (static_cast<transfer_path>(start.path)) {
+  switch (start.transfer.path) {
     case transfer_path::view: return tensor_factory::make_view(std::move(source), plan);
     case transfer_path::view_after_producer:
       return refused(
@@ -133,13 +123,11 @@ struct initiate_started {
   runtime* rt;
 
   template <typename Handler>
-  void operator()(Handler&& handler, import_start begun) const {
+  void operator()(Handler&& handler, std::shared_ptr<import_operation> op) const {
     auto h = std::forward<Handler>(handler);
     auto slot = asio::get_associated_cancellation_slot(h);
-    std::shared_ptr<import_operation> op =
-        make_import(*rt, std::move(begun), deliver_to<import_result>(std::move(h), *rt));
     assign_cancellation(slot, op);
-    start(op);
+    start(op, deliver_to<import_result>(std::move(h), *rt));
   }
 };
 
@@ -159,14 +147,11 @@ absl::StatusOr<tensor> import_view(runtime& rt, managed_tensor& source,
 #if defined(ASIO_HAS_CO_AWAIT)
 asio::awaitable<absl::StatusOr<tensor>> import_dlpack(runtime& rt, managed_tensor& source,
                                                       import_options options) {
-  detail::import_start start = detail::begin_import(rt, source, options);
-  if (start.ready) co_return std::move(*start.ready);
-  if (std::optional<detail::import_result> copied = detail::copy_inline(rt, start)) {
-    co_return *std::move(copied);
-  }
+  detail::import_begun begun = detail::begin_import(rt, source, options);
+  if (begun.ready) co_return std::move(*begun.ready);
   co_return co_await asio::async_initiate<const asio::use_awaitable_t<>&,
                                           void(absl::StatusOr<tensor>)>(
-      detail::initiate_started{&rt}, asio::use_awaitable, std::move(start));
+      detail::initiate_started{&rt}, asio::use_awaitable, std::move(begun.op));
 }
 
 asio::awaitable<std::vector<absl::StatusOr<tensor>>> import_dlpack_batch(

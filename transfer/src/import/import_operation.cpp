@@ -76,26 +76,21 @@ absl::Status shut_down_before_copy() {
       "consumed and released");
 }
 
-std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
-                                              absl::AnyInvocable<void(import_result) &&> done) {
-  return std::make_shared<import_operation>(core_of(rt), std::move(started), std::move(done));
-}
-
-void start(const std::shared_ptr<import_operation>& op) {
-  op->start();
+void start(const std::shared_ptr<import_operation>& op,
+           absl::AnyInvocable<void(import_result) &&> done) {
+  op->start(std::move(done));
 }
 
 void cancel(import_operation& op) {
   op.cancel();
 }
 
-import_operation::import_operation(runtime_core& core, import_start started, done_fn done)
+import_operation::import_operation(runtime_core& core, import_start started)
     : core_(core),
       source_(std::move(started.source)),
       plan_(started.plan),
       produced_(std::move(started.produced)),
-      path_(static_cast<transfer_path>(started.path)),
-      done_(std::move(done)),
+      transfer_(std::move(started.transfer)),
       control_(std::make_shared<copy_control>()),
       budget_held_(started.budget_held),
       began_(runtime_counters::timed_from(started.began)) {
@@ -103,23 +98,24 @@ import_operation::import_operation(runtime_core& core, import_start started, don
   shape_.assign(dl.shape, dl.shape + dl.ndim);
 }
 
-void import_operation::start() {
+void import_operation::start(done_fn done) {
+  done_ = std::move(done);
   std::weak_ptr<import_operation> weak = weak_from_this();
   op_id_ = core_.begin_operation([weak] {
     if (std::shared_ptr<import_operation> self = weak.lock()) self->cancel();
   });
   if (op_id_ == 0) {
-    if (budget_held_) core_.budget()->release(plan_.byte_size);
+    if (budget_held_) core_.budget()->release(transfer_.hold_bytes);
     return finish(with_import_error(shut_down_before_copy(), {true, "shutdown", ""}));
   }
-  if (path_ == transfer_path::view_after_producer) return wait_for_producer();
+  if (transfer_.path == transfer_path::view_after_producer) return wait_for_producer();
   if (budget_held_) return on_budget(absl::OkStatus());
   {
     std::lock_guard lock(mutex_);
     waiting_for_budget_ = true;
   }
   const std::uint64_t ticket = acquire_budget(
-      core_, plan_.byte_size,
+      core_, transfer_.hold_bytes,
       [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
   {
     std::lock_guard lock(mutex_);
@@ -171,14 +167,14 @@ void import_operation::on_budget(absl::Status status) {
     waiting_for_budget_ = false;
   }
   if (!status.ok()) return finish(std::move(status));
-  const std::uint64_t bytes = plan_.byte_size;
+  const std::uint64_t bytes = transfer_.hold_bytes;
   std::shared_ptr<memory_budget> budget = core_.budget();
   if (control_->cancel_requested.load(std::memory_order_acquire)) {
     budget->release(bytes);
     return finish(absl::CancelledError(
         "the import was cancelled before its copy started; the source tensor was released"));
   }
-  const stream_ref stream = core_.next_stream(stream_device(path_, plan_));
+  const stream_ref stream = core_.next_stream(transfer_.stream_device);
   // A GPU copy's memory is freed stream-ordered; the tensor may move that
   // free onto the caller's stream (tensor::set_stream).
   if (plan_.target.kind == device_kind::cuda) {
@@ -200,12 +196,12 @@ void import_operation::on_budget(absl::Status status) {
                           });
 
   copy_request request;
-  request.path = path_;
+  request.path = transfer_.path;
   request.source = plan_.source;
   request.target = plan_.target;
   request.from = first_element(plan_);
   request.to = data;
-  request.layout = source_layout(*source_.dl_tensor(), plan_);
+  request.layout = std::move(transfer_.layout);
   request.bytes = bytes;
   request.compact = plan_.compact;
   request.produced = produced_;
@@ -216,7 +212,7 @@ void import_operation::on_budget(absl::Status status) {
     // release the source when the copy has read it.
     import_result result =
         tensor_factory::make_copy(std::move(buffer_), plan_, shape_, free_stream_);
-    count_completed(core_, began_, path_, bytes, result);
+    count_completed(core_, began_, transfer_.path, bytes, result);
     std::move(done_)(std::move(result));
     after(copied, [self = shared_from_this()](const absl::Status&) {
       self->release_source();
@@ -281,7 +277,7 @@ void import_operation::on_copied(absl::Status status) {
 void import_operation::finish(import_result result) {
   release_source();
   if (!result.ok()) result = failed_after_taking(std::move(result).status(), plan_);
-  count_completed(core_, began_, path_, plan_.byte_size, result);
+  count_completed(core_, began_, transfer_.path, transfer_.hold_bytes, result);
   std::move(done_)(std::move(result));
   if (op_id_ != 0) core_.end_operation(op_id_);
 }

@@ -14,9 +14,9 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "dlasync/runtime/device_buffer.hpp"
-#include "dlasync/transfer/detail/import_initiation.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
+#include "transfer/src/import/import_start.hpp"
 
 namespace dlasync::detail {
 
@@ -24,11 +24,11 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
  public:
   using done_fn = absl::AnyInvocable<void(import_result) &&>;
 
-  import_operation(runtime_core& core, import_start started, done_fn done);
+  import_operation(runtime_core& core, import_start started);
 
   // Starts the work; `done` then runs exactly once, on a worker, the CUDA
   // reactor, or, when the start itself fails, on this thread.
-  void start();
+  void start(done_fn done);
 
   // Stops the import if it has not finished; any thread, any number of times.
   void cancel();
@@ -51,7 +51,7 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   managed_tensor source_;
   import_plan plan_;
   marker_ptr produced_;  // the producer's point at the call, or null
-  transfer_path path_;
+  transfer_plan transfer_;
   done_fn done_;
   absl::InlinedVector<std::int64_t, 8> shape_;
   std::shared_ptr<copy_control> control_;
@@ -64,15 +64,6 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   free_stream_slot free_stream_;  // a GPU copy's, else null
   runtime_counters::clock::time_point began_;
 };
-
-// Validates `source` and chooses its transfer path; consumes nothing. The
-// result is ready with the error when that fails.
-import_start prepare_import(runtime& rt, managed_tensor& source, const import_options& options);
-
-// Takes `source` for a prepared import that is not ready: a view is made at
-// once; a producer's stream is recorded first (its failure is the result,
-// and `source` keeps the tensor).
-void take_source(runtime& rt, import_start& start, managed_tensor& source);
 
 // `status` as a refusal by `rule` (import_error.hpp), the tensor not
 // consumed; a rule that validation named already is kept.

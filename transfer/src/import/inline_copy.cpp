@@ -1,12 +1,12 @@
 // Small host copies done on the calling thread (detail::copy_inline).
 #include "absl/container/inlined_vector.h"
-#include "dlasync/transfer/detail/import_initiation.hpp"
 #include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/host_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/import/import_operation.hpp"
+#include "transfer/src/import/import_start.hpp"
 #include "transfer/src/validate/layout.hpp"
 
 namespace dlasync::detail {
@@ -14,7 +14,7 @@ namespace dlasync::detail {
 std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   runtime_core& core = core_of(rt);
   const import_plan& plan = start.plan;
-  if (static_cast<transfer_path>(start.path) != transfer_path::host_to_host ||
+  if (start.transfer.path != transfer_path::host_to_host ||
       plan.byte_size > core.options().inline_copy_bytes || plan.producer_stream != stream_no_sync) {
     return std::nullopt;
   }
@@ -39,7 +39,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
     return std::nullopt;
   }
   const DLTensor& dl = *start.source.dl_tensor();
-  const strided_copy copy(source_layout(dl, plan));
+  const strided_copy copy(start.transfer.layout);
   copy_here(core, copy, first_element(plan), allocated->data());
   const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
   void* data = allocated->data();

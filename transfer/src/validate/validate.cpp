@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/status_macros.hpp"
+#include "transfer/src/layout/strided_layout.hpp"
 #include "transfer/src/validate/layout.hpp"
 
 namespace dlasync {
@@ -128,8 +129,6 @@ absl::Status check_strides(const DLTensor& dl, dtype type, std::uint64_t byte_si
   plan.read_only = (plan.flags & flag_read_only) != 0;
   if (plan.element_count == 0) return absl::OkStatus();
 
-  std::int64_t low = 0;   // elements, <= 0
-  std::int64_t high = 0;  // elements, >= 0
   std::int64_t expected = 1;
   for (std::int32_t i = dl.ndim - 1; i >= 0; --i) {
     const std::int64_t extent = dl.shape[i];
@@ -137,16 +136,23 @@ absl::Status check_strides(const DLTensor& dl, dtype type, std::uint64_t byte_si
     if (extent != 1) {
       if (stride != expected) plan.compact = false;
       if (stride <= 0) plan.read_only = true;
-      std::int64_t reach = 0;
-      if (__builtin_mul_overflow(extent - 1, stride, &reach) ||
-          __builtin_add_overflow(reach < 0 ? low : high, reach, reach < 0 ? &low : &high)) {
-        return absl::OutOfRangeError(
-            absl::StrCat("the memory span of strides ", dims_text(dl.strides, dl.ndim),
-                         " over shape ", dims_text(dl.shape, dl.ndim), " overflows 64 bits"));
-      }
     }
     expected *= extent;  // cannot overflow: bounded by the checked element count
   }
+  // A compact tensor reaches its elements and no more.
+  detail::element_reach reach{0, plan.element_count - 1};
+  if (!plan.compact) {
+    const auto n = static_cast<std::size_t>(dl.ndim);
+    const std::optional<detail::element_reach> r = detail::reach_of({dl.shape, n}, {dl.strides, n});
+    if (!r) {
+      return absl::OutOfRangeError(
+          absl::StrCat("the memory span of strides ", dims_text(dl.strides, dl.ndim),
+                       " over shape ", dims_text(dl.shape, dl.ndim), " overflows 64 bits"));
+    }
+    reach = *r;
+  }
+  const std::int64_t low = reach.low;
+  const std::int64_t high = reach.high;
 
   if (type.is_sub_byte()) {
     if (!plan.compact) {

@@ -6,8 +6,6 @@
 // library (transfer/src/import/). Not for direct use.
 #pragma once
 
-#include <chrono>
-#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -26,54 +24,34 @@
 #include "dlasync/transfer/import_options.hpp"
 #include "dlasync/transfer/managed_tensor.hpp"
 #include "dlasync/transfer/tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
-
-namespace dlasync {
-class completion_marker;
-}  // namespace dlasync
 
 namespace dlasync::detail {
 
 using import_result = absl::StatusOr<tensor>;
 using batch_result = std::vector<import_result>;
 
-// What validation decided when the operation started: a result already (an
-// error, which leaves the caller's handle untouched, or a zero-copy view),
-// or a consumed source with its plan and the transfer path chosen for it.
-struct import_start {
+// The start of one import: validated, and then either complete already (a
+// refusal, which leaves the caller's handle untouched; a zero-copy view; a
+// small host copy done on the calling thread, which takes less time than
+// the hop to a worker and back) or an operation, made but not started,
+// that holds the consumed source and its plan. The operation's state lives
+// in the library (transfer/src/import/).
+class import_operation;
+struct import_begun {
   std::optional<import_result> ready;
-  managed_tensor source;
-  import_plan plan;
-  std::uint8_t path = 0;  // a transfer_path (transfer/src/copy/transfer_path.hpp)
-  // The point the producer's stream had reached at the start, recorded on
-  // the starting thread (stream 2 is that thread's own); null without one.
-  std::shared_ptr<completion_marker> produced;
-  // The copy budget for plan.byte_size is held already (a batch reserves
-  // its members' budget together).
-  bool budget_held = false;
-  // When the import's copy or wait began, for its completion latency
-  // (runtime::stats); time_point{} until it copies or waits.
-  std::chrono::steady_clock::time_point began;
+  std::shared_ptr<import_operation> op;  // null when ready
 };
 
 // Validates `source` against `options` and takes it only when that passes.
-import_start begin_import(runtime& rt, managed_tensor& source, const import_options& options);
+import_begun begin_import(runtime& rt, managed_tensor& source, const import_options& options);
 
-// A small host-to-host copy of a started import, done here on the calling
-// thread: it takes less time than the hop to a worker and back
-// (runtime_options::inline_copy_bytes). Nothing when the import does not
-// qualify or cannot start at once (the budget has waiters, memory is
-// short): it then takes the asynchronous path, which waits or reports.
-std::optional<import_result> copy_inline(runtime& rt, import_start& start);
-
-// One asynchronous import (a copy, or a view that waits for its producer's
-// stream); `done` runs exactly once, on a worker or, when the start itself
-// fails, the thread that starts it (runtime/src/handoff.hpp).
-class import_operation;
-std::shared_ptr<import_operation> make_import(runtime& rt, import_start started,
-                                              absl::AnyInvocable<void(import_result) &&> done);
-void start(const std::shared_ptr<import_operation>& op);
-// Stops the import if it has not finished; any thread, any number of times.
+// Starts an operation from begin_import; `done` then runs exactly once, on a
+// worker or, when the start itself fails, the thread that starts it
+// (runtime/src/handoff.hpp).
+void start(const std::shared_ptr<import_operation>& op,
+           absl::AnyInvocable<void(import_result) &&> done);
+// Stops the import if it has not finished; any thread, any number of times,
+// also before it starts.
 void cancel(import_operation& op);
 
 // A batch: validated together (nothing is consumed when one member is
@@ -116,18 +94,15 @@ struct initiate_import {
 
   template <typename Handler>
   void operator()(Handler&& handler, managed_tensor* source, const import_options& options) const {
-    import_start begun = begin_import(*rt, *source, options);
-    if (!begun.ready) begun.ready = copy_inline(*rt, begun);
+    import_begun begun = begin_import(*rt, *source, options);
     if (begun.ready) {
       deliver_to<import_result>(std::forward<Handler>(handler), *rt)(std::move(*begun.ready));
       return;
     }
     auto h = std::forward<Handler>(handler);
     auto slot = asio::get_associated_cancellation_slot(h);
-    std::shared_ptr<import_operation> op =
-        make_import(*rt, std::move(begun), deliver_to<import_result>(std::move(h), *rt));
-    assign_cancellation(slot, op);
-    start(op);
+    assign_cancellation(slot, begun.op);
+    start(begun.op, deliver_to<import_result>(std::move(h), *rt));
   }
 };
 

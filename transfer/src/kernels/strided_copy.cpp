@@ -1,10 +1,10 @@
-#include "transfer/src/copy/strided_copy.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
-#include "transfer/src/copy/copy_kernels.hpp"
+#include "transfer/src/kernels/copy_kernels.hpp"
 
 #if defined(__SSE2__)
 #include <xmmintrin.h>
@@ -74,23 +74,9 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
   bytes_ = count * element_size_;
   if (count == 0) return;  // kernel none, no units
 
-  // Keep extents above 1, merging a dimension into the next inner one when
-  // the source is contiguous across them (the destination always is).
-  for (std::size_t i = 0; i < layout.shape.size(); ++i) {
-    if (layout.shape[i] == 1) continue;
-    const std::int64_t stride = layout.strides[i] * es;
-    if (!shape_.empty() && src_stride_.back() == stride * layout.shape[i]) {
-      shape_.back() *= layout.shape[i];
-      src_stride_.back() = stride;
-    } else {
-      shape_.push_back(layout.shape[i]);
-      src_stride_.push_back(stride);
-    }
-  }
-  if (shape_.empty()) {  // a single element
-    shape_.push_back(1);
-    src_stride_.push_back(es);
-  }
+  const strided_layout simple = detail::simplify(layout);
+  shape_ = simple.shape;
+  for (const std::int64_t stride : simple.strides) src_stride_.push_back(stride * es);
   ndim_ = static_cast<int>(shape_.size());
   dst_stride_.resize(shape_.size());
   std::int64_t d = es;
@@ -151,10 +137,9 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // the source stays in cache, and writes are the whole cost). Where the
     // source streams from memory too, streaming stores measured slower
     // (docs/performance.md).
-    std::int64_t span = es;
-    for (int i = 0; i < ndim_; ++i) span += (shape_[i] - 1) * std::abs(src_stride_[i]);
+    const std::uint64_t span = detail::byte_extent_of(simple).length;
     // Each source byte read 4 times or more, on average.
-    const bool reread_source = static_cast<std::uint64_t>(span) * 4 <= bytes_;
+    const bool reread_source = span * 4 <= bytes_;
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes &&
               shape_[last] * es >= 256 && reread_source;
     // Inline register copies where the copy stays in the caches, and where
@@ -164,8 +149,8 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // (Zen 5, 1 KiB source, kernel against memcpy: 16 MiB 1.17-1.30 ->
     // 2.14-2.51, 256 MiB 1.14-1.16 -> 1.75-1.80; with streaming stores
     // instead, 1.29-1.55 and 1.16-1.19).
-    runs_inline_ = bytes_ <= in_cache_max_bytes ||
-                   (reread_source && static_cast<std::uint64_t>(span) <= small_source_max_bytes);
+    runs_inline_ =
+        bytes_ <= in_cache_max_bytes || (reread_source && span <= small_source_max_bytes);
   }
   if (kernel_ == kernel::tile) {
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes;

@@ -1,12 +1,12 @@
-#include "transfer/src/copy/gather.hpp"
+#include "transfer/src/kernels/gather.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "transfer/src/copy/gather_math.hpp"
+#include "transfer/src/kernels/gather_math.hpp"
 #if defined(DLASYNC_HAS_CUDA)
-#include "transfer/src/copy/gather_kernel.hpp"
+#include "transfer/src/kernels/gather_kernel.hpp"
 #endif
 
 namespace dlasync::detail {
@@ -173,31 +173,15 @@ absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const v
   // An empty tensor moves nothing, whatever its other extents and strides
   // (which validation does not bound then).
   if (std::find(layout.shape.begin(), layout.shape.end(), 0) != layout.shape.end()) return p;
-  // Extents of 1 dropped, and a dimension merged into the next inner one
-  // when the source is contiguous across them (the destination always is):
-  // fewer divisions, and transposes seen as such whatever their unit
-  // dimensions.
+  // Simplified (the layout floor): fewer divisions, and transposes seen as
+  // such whatever their unit dimensions.
+  const strided_layout simple = simplify(layout);
   std::int64_t elements = 1;
-  for (std::size_t d = 0; d < layout.shape.size(); ++d) {
-    const std::int64_t extent = layout.shape[d];
-    const std::int64_t stride = layout.strides[d];
-    elements *= extent;
-    if (extent == 1) continue;
-    std::int64_t across = 0;
-    if (p.ndim > 0 && !__builtin_mul_overflow(stride, extent, &across) &&
-        p.strides[p.ndim - 1] == across) {
-      p.shape[p.ndim - 1] *= extent;
-      p.strides[p.ndim - 1] = stride;
-    } else {
-      p.shape[p.ndim] = extent;
-      p.strides[p.ndim] = stride;
-      ++p.ndim;
-    }
-  }
-  if (p.ndim == 0) {  // a single element
-    p.ndim = 1;
-    p.shape[0] = 1;
-    p.strides[0] = 1;
+  p.ndim = static_cast<int>(simple.shape.size());
+  for (int d = 0; d < p.ndim; ++d) {
+    p.shape[d] = simple.shape[d];
+    p.strides[d] = simple.strides[d];
+    elements *= simple.shape[d];
   }
   p.count = elements * p.words_per_element;
   p.tile_dim = copy_kernels::gather_tile_dim(p.ndim, p.shape, p.strides, p.words_per_element);
@@ -206,21 +190,8 @@ absl::StatusOr<copy_kernels::gather_params> gather_params_for(void* dst, const v
 }
 
 cuda::memory_range source_extent(const void* src, const strided_layout& layout) {
-  // An empty tensor reaches nothing, whatever its other extents and strides
-  // (which validation does not bound then); a non-empty one's span was
-  // checked for overflow by validation.
-  for (const std::int64_t e : layout.shape) {
-    if (e == 0) return {src, 0};
-  }
-  std::int64_t low = 0;
-  std::int64_t high = 0;
-  for (std::size_t d = 0; d < layout.shape.size(); ++d) {
-    const std::int64_t reach = (layout.shape[d] - 1) * layout.strides[d];
-    (reach < 0 ? low : high) += reach;
-  }
-  const auto element = static_cast<std::int64_t>(layout.element_size);
-  return {static_cast<const char*>(src) + low * element,
-          static_cast<std::uint64_t>((high - low) * element + element)};
+  const byte_extent e = byte_extent_of(layout);
+  return {static_cast<const char*>(src) + e.offset, e.length};
 }
 
 cuda::error launch_gather(cuda::api& api, void* dst, const void* src, const strided_layout& layout,

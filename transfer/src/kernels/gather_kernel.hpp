@@ -4,7 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "transfer/src/copy/gather_math.hpp"
+#include "transfer/src/kernels/gather_math.hpp"
 
 namespace dlasync::copy_kernels {
 

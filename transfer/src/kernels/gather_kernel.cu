@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "transfer/src/copy/gather_kernel.hpp"
+#include "transfer/src/kernels/gather_kernel.hpp"
 
 namespace dlasync::copy_kernels {
 namespace {

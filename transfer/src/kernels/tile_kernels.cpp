@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "transfer/src/copy/copy_kernels.hpp"
+#include "transfer/src/kernels/copy_kernels.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>

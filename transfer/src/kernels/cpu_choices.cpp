@@ -3,7 +3,7 @@
 
 #include <atomic>
 
-#include "transfer/src/copy/copy_kernels.hpp"
+#include "transfer/src/kernels/copy_kernels.hpp"
 
 namespace dlasync::copy_kernels {
 namespace {

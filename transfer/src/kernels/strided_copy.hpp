@@ -9,8 +9,8 @@
 //   dlasync::strided_copy copy(layout);
 //   copy.run(src, dst, 0, copy.units());  // or split [0, units()) among threads
 //
-// The layout is simplified first: extents of 1 are dropped and dimensions
-// that are contiguous with each other are merged. Then one of three kernels
+// The layout is simplified first (the layout floor's simplify: extents of 1
+// dropped, dimensions that are contiguous with each other merged). Then one of three kernels
 // does the work:
 //   runs    the innermost source stride is 1: memcpy of contiguous runs;
 //   tile    another dimension has source stride 1: cache-blocked tiles, so
@@ -28,17 +28,9 @@
 
 #include "absl/container/inlined_vector.h"
 #include "dlasync/transfer/limits.hpp"
+#include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync {
-
-// How a copy reads its source: element size, extents and strides (in
-// elements). The import builds it from the DLPack tensor
-// (transfer/src/validate/layout.hpp).
-struct strided_layout {
-  std::size_t element_size = 1;                  // bytes
-  absl::InlinedVector<std::int64_t, 8> shape;    // extents
-  absl::InlinedVector<std::int64_t, 8> strides;  // in elements, may be 0 or negative
-};
 
 class strided_copy {
  public:

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "transfer/src/copy/copy_kernels.hpp"
+#include "transfer/src/kernels/copy_kernels.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

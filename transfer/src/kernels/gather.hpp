@@ -9,8 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/src/cuda/cuda_api.hpp"
-#include "transfer/src/copy/gather_math.hpp"
-#include "transfer/src/copy/strided_copy.hpp"
+#include "transfer/src/kernels/gather_math.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
 
 namespace dlasync::detail {
 

@@ -1,0 +1,156 @@
+#include "transfer/src/plan/transfer_plan.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "dlasync/transfer/import_error.hpp"
+#include "transfer/src/kernels/strided_copy.hpp"
+#include "transfer/src/validate/layout.hpp"
+
+namespace dlasync::detail {
+namespace {
+
+absl::Status refuse(absl::Status status, const char* rule, const import_plan& plan) {
+  return with_import_error(
+      std::move(status),
+      import_error{.consumed = false, .rule = rule, .copy_reasons = plan.copy_reason_names()});
+}
+
+absl::Status wrong_device(const import_plan& plan, const std::optional<device>& actual) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the tensor says it lives on ", plan.source.name(), " but its data pointer ",
+      absl::Hex(plan.address), " is ",
+      actual ? absl::StrCat("memory of ", actual->name()) : std::string("not CUDA device memory"),
+      "; the producer exported a wrong device: fix its DLDevice"));
+}
+
+// Where the CUDA runtime says the first element lies.
+absl::StatusOr<std::optional<device>> locate(pointer_query query, const import_plan& plan) {
+  absl::StatusOr<std::optional<device>> where = query(first_element(plan));
+  if (!where.ok()) {
+    return absl::Status(where.status().code(),
+                        absl::StrCat("cannot tell where the data of a tensor on ",
+                                     plan.source.name(), " lives: ", where.status().message()));
+  }
+  return where;
+}
+
+// The path, with the pointer queries that check GPU memory lies where the
+// tensor says and tell pinned host memory from pageable.
+absl::StatusOr<transfer_path> choose_path(const transfer_facts& facts, const import_plan& plan) {
+  const bool gpu_source = is_gpu_memory(plan.source.kind);
+  const bool ask = facts.locate.has_value() && plan.element_count > 0;
+  if (gpu_source && ask) {
+    absl::StatusOr<std::optional<device>> where = locate(*facts.locate, plan);
+    if (!where.ok()) return where.status();
+    if (*where != plan.source) return wrong_device(plan, *where);
+  }
+  if (!plan.needs_copy()) {
+    return plan.needs_wait() ? transfer_path::view_after_producer : transfer_path::view;
+  }
+  if (!gpu_source) {
+    if (plan.target.kind != device_kind::cuda) return transfer_path::host_to_host;
+    // Bound for a GPU: page-locked memory can go in one copy.
+    bool pinned = false;
+    if (ask) {
+      absl::StatusOr<std::optional<device>> where = locate(*facts.locate, plan);
+      if (!where.ok()) return where.status();
+      if (*where && is_gpu_memory((*where)->kind)) return wrong_device(plan, *where);
+      pinned = where->has_value();
+    }
+    return pinned && plan.compact ? transfer_path::pinned_to_gpu : transfer_path::pageable_to_gpu;
+  }
+  if (plan.target.kind != device_kind::cuda) return transfer_path::gpu_to_host;
+  return plan.target.ordinal == plan.source.ordinal ? transfer_path::within_gpu
+                                                    : transfer_path::gpu_to_gpu;
+}
+
+// Whether every unit of a strided upload fits a staging chunk: units are
+// alike but for the shorter last one of a split row, so the first is the
+// largest. Only a tiled copy has units it cannot cut below a row of its
+// tile dimension.
+bool upload_fits(const strided_layout& layout, std::uint64_t bytes, std::uint64_t chunk_bytes) {
+  const strided_copy copy(layout, staging_piece_bytes(bytes, chunk_bytes));
+  const std::int64_t units = copy.units();
+  if (units == 0) return true;
+  return copy.dst_offset(1) - copy.dst_offset(0) <= chunk_bytes &&
+         copy.dst_offset(units) - copy.dst_offset(units - 1) <= chunk_bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const import_plan& plan,
+                                            const DLTensor& dl) {
+  transfer_plan out;
+  absl::StatusOr<transfer_path> path = choose_path(facts, plan);
+  if (!path.ok()) return refuse(path.status(), "location", plan);
+  out.path = *path;
+  out.stream_device = out.path == transfer_path::gpu_to_host
+                          ? device{device_kind::cuda, plan.source.ordinal}
+                          : plan.target;
+  if (out.path == transfer_path::view || out.path == transfer_path::view_after_producer) {
+    return out;
+  }
+  out.hold_bytes = plan.byte_size;
+  out.layout = simplify(source_layout(dl, plan));
+  if (out.path == transfer_path::pageable_to_gpu &&
+      !upload_fits(out.layout, plan.byte_size, facts.chunk_bytes)) {
+    return refuse(absl::UnimplementedError(absl::StrCat(
+                      "a single row of this strided ", plan.source.name(),
+                      " source is larger than a staging chunk of ", facts.chunk_bytes,
+                      " bytes; the tensor was not consumed: raise "
+                      "runtime_options::staging_chunk_bytes or make the source contiguous first")),
+                  "staging", plan);
+  }
+  if (absl::Status st = check_budget("a copy", out.hold_bytes, facts.budget_limit,
+                                     "import a view (copy unset, same device)");
+      !st.ok()) {
+    return refuse(std::move(st), "budget", plan);
+  }
+  return out;
+}
+
+absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint64_t limit,
+                          absl::string_view also) {
+  if (limit == 0 || bytes <= limit) return absl::OkStatus();
+  std::string message = absl::StrCat(what, " needs ", bytes,
+                                     " bytes, more than the whole copy memory budget of ", limit,
+                                     " bytes; not consumed: raise "
+                                     "runtime_options::copy_memory_budget");
+  if (!also.empty()) absl::StrAppend(&message, ", or ", also);
+  return with_import_error(absl::ResourceExhaustedError(message),
+                           import_error{.consumed = false, .rule = "budget", .copy_reasons = ""});
+}
+
+strided_layout source_layout(const DLTensor& dl, const import_plan& plan) {
+  strided_layout layout;
+  if (plan.type.is_sub_byte()) {  // packed and compact: plain bytes
+    layout.element_size = 1;
+    layout.shape.push_back(static_cast<std::int64_t>(plan.byte_size));
+    layout.strides.push_back(1);
+    return layout;
+  }
+  layout.element_size = plan.type.bits / 8u;
+  layout.shape.assign(dl.shape, dl.shape + dl.ndim);
+  layout.strides.resize(layout.shape.size());
+  if (dl.strides != nullptr) {
+    std::copy_n(dl.strides, dl.ndim, layout.strides.begin());
+  } else {
+    row_major_strides(layout.shape, layout.strides);
+  }
+  return layout;
+}
+
+std::uint64_t staging_piece_bytes(std::uint64_t bytes, std::uint64_t chunk_bytes) noexcept {
+  constexpr std::uint64_t min_pieces = 8;
+  return std::clamp<std::uint64_t>(bytes / min_pieces,
+                                   std::min<std::uint64_t>(256 << 10, chunk_bytes), chunk_bytes);
+}
+
+int producer_gpu(const import_plan& plan) noexcept {
+  if (is_gpu_memory(plan.source.kind)) return plan.source.ordinal;
+  return plan.target.kind == device_kind::cuda ? plan.target.ordinal : 0;
+}
+
+}  // namespace dlasync::detail
