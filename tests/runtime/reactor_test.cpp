@@ -132,7 +132,10 @@ TEST_CASE("a query that fails once is asked again and its error reported when th
   sim.fail_call("cudaEventQuery", 1, cuda::error::launch_failure);
   r.watch(0, s.record(), rec.callback(r));
   // Polled past the failed query: the event has not completed, no call.
-  while (sim.call_counts()["cudaEventQuery"] < 3) std::this_thread::yield();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;  // a hang guard
+  while (sim.call_counts()["cudaEventQuery"] < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
   r.quiesce();
   CHECK(rec.calls == 0);
   s.open();
