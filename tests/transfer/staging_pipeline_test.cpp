@@ -18,6 +18,7 @@
 #include "runtime/sim/sim_api.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/handoff.hpp"
+#include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::detail {
@@ -256,6 +257,29 @@ TEST_CASE("a fault of the CUDA runtime surfaces as the transfer's status",
     p->start(rig.stream());
     require_status(finished(*p), absl::StatusCode::kResourceExhausted,
                    {"cudaMallocHost", "cudaErrorMemoryAllocation"});
+  }
+  SECTION("staging streams that cannot be ordered after the import's stream") {
+    rig.sim->fail_call("cudaStreamWaitEvent", 1, cuda::error::invalid_resource_handle);
+    copy_request r = compact_request(source.data(), dst, total_bytes);
+    control = r.control;
+    auto p = staging_pipeline::upload(rig.context, rig.pool, 0, r);
+    p->start(rig.stream());
+    require_status(finished(*p), absl::StatusCode::kInternal,
+                   {"cudaStreamWaitEvent", "cuda:0", "cudaErrorInvalidResourceHandle"});
+    // Nothing was sent: a copy could have overtaken the import's stream.
+    CHECK(rig.sim->call_counts()["cudaMemcpyAsync"] == 0);
+  }
+  SECTION("a piece whose completion cannot be tracked") {
+    rig.sim->fail_call("cudaEventRecord", 4, cuda::error::unknown);
+    copy_request r = compact_request(source.data(), dst, total_bytes);
+    control = r.control;
+    auto p = staging_pipeline::upload(rig.context, rig.pool, 0, r);
+    p->start(rig.stream());
+    require_status(finished(*p), absl::StatusCode::kInternal,
+                   {"cudaEventRecord", "cuda:0", "cudaErrorUnknown"});
+    // Its chunk goes back once its stream has run the copy, which may be
+    // after the transfer reported.
+    CHECK(testing::eventually([&] { return *rig.chunks_in_use == 0; }));
   }
   SECTION("a context that fails midway (sticky)") {
     rig.sim->fail_call("cudaMemcpyAsync", 3, cuda::error::illegal_address, true);
