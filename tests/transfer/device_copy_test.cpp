@@ -1,0 +1,286 @@
+// The GPU copies on simulated GPUs (rules and race checks on). They take a
+// runtime_core, for its CUDA context and its workers, so each test builds
+// the smallest runtime that has them: one host device, two workers, two
+// simulated GPUs. copy_on_gpu for compact and strided sources (the gather
+// kernel), on one GPU and across two, following a producer's stream; its
+// error paths; the staging paths' refusal of rows larger than a chunk and
+// a strided download compacted on the GPU first.
+#include "transfer/src/copy/device_copy.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "catch2/catch.hpp"
+#include "runtime/sim/sim_api.hpp"
+#include "runtime/src/cuda/device_guard.hpp"
+#include "support/runtime_fixture.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync::detail {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::require_status;
+
+const device gpu0{device_kind::cuda, 0};
+const device gpu1{device_kind::cuda, 1};
+
+testing::sim_runtime checked_runtime() {
+  cuda::sim_options so;
+  so.check_order = true;
+  so.on_report = cuda::report_action::collect;
+  return testing::make_sim_runtime(so, [](runtime_options& o) { o.staging_chunk_bytes = 4096; });
+}
+
+// Device memory of `d` holding `bytes` from `init` (zeros when null).
+void* device_memory(cuda::api& api, int d, std::size_t bytes, const void* init = nullptr) {
+  absl::StatusOr<device_guard> on = device_guard::enter(api, d);
+  REQUIRE(on.ok());
+  void* p = nullptr;
+  REQUIRE(api.malloc_device(&p, bytes) == cuda::error::success);
+  if (init != nullptr) {
+    std::memcpy(p, init, bytes);
+  } else {
+    std::memset(p, 0, bytes);
+  }
+  return p;
+}
+
+// Waits (30 s at most: a hang guard) for `m` and returns its status.
+absl::Status wait(const marker_ptr& m) {
+  auto got = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> f = got->get_future();
+  m->on_complete([got](absl::Status s) { got->set_value(std::move(s)); });
+  REQUIRE(f.wait_for(30s) == std::future_status::ready);
+  return f.get();
+}
+
+std::vector<float> iota_floats(std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i) + 0.5f;
+  return v;
+}
+
+// A request to copy a `rows` x `cols` float tensor read as its transpose
+// (strides {1, rows}) from `from` on `source` to `to` on `target`.
+copy_request transposed(device source, device target, const void* from, void* to, std::int64_t rows,
+                        std::int64_t cols) {
+  copy_request r;
+  r.path = source == target ? transfer_path::within_gpu : transfer_path::gpu_to_gpu;
+  r.source = source;
+  r.target = target;
+  r.from = from;
+  r.to = to;
+  r.layout = {4, {rows, cols}, {1, rows}};
+  r.bytes = static_cast<std::uint64_t>(rows * cols) * 4;
+  r.control = std::make_shared<copy_control>();
+  return r;
+}
+
+// How many elements of the compact `out` differ from the transpose of
+// `in` (`rows` x `cols`).
+std::size_t wrong_transpose(const void* out, const std::vector<float>& in, std::int64_t rows,
+                            std::int64_t cols) {
+  const auto* o = static_cast<const float*>(out);
+  std::size_t wrong = 0;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      wrong += o[i * cols + j] != in[static_cast<std::size_t>(i + j * rows)] ? 1 : 0;
+    }
+  }
+  return wrong;
+}
+
+}  // namespace
+
+TEST_CASE("copy_on_gpu copies a compact source with one copy", "[transfer][copy][cuda]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  const std::vector<float> data = iota_floats(1000);
+  const std::size_t bytes = data.size() * sizeof(float);
+  void* src = device_memory(*r.sim, 0, bytes, data.data());
+  void* dst = device_memory(*r.sim, 0, bytes);
+  copy_request req = transposed(gpu0, gpu0, src, dst, 1000, 1);
+  req.layout = {4, {1000}, {1}};
+  req.compact = true;
+  const std::uint64_t kernels_before = r.sim->call_counts()["dlasyncGatherKernel"];
+  REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, req)).ok());
+  CHECK(std::memcmp(dst, data.data(), bytes) == 0);
+  CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == kernels_before);
+  REQUIRE(r.sim->free_device(src) == cuda::error::success);
+  REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+}
+
+TEST_CASE("copy_on_gpu gathers a strided source with the kernel, on its GPU or across",
+          "[transfer][copy][cuda]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  constexpr std::int64_t rows = 48;
+  constexpr std::int64_t cols = 20;
+  const std::vector<float> data = iota_floats(rows * cols);
+  const std::size_t bytes = data.size() * sizeof(float);
+  SECTION("on the source's GPU") {
+    void* src = device_memory(*r.sim, 1, bytes, data.data());
+    void* dst = device_memory(*r.sim, 1, bytes);
+    REQUIRE(wait(copy_on_gpu(core, {gpu1, 1}, transposed(gpu1, gpu1, src, dst, rows, cols))).ok());
+    CHECK(wrong_transpose(dst, data, rows, cols) == 0);
+    CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
+    REQUIRE(r.sim->free_device(src) == cuda::error::success);
+    REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+  }
+  SECTION("compacted on the source GPU, then copied across") {
+    void* src = device_memory(*r.sim, 1, bytes, data.data());
+    void* dst = device_memory(*r.sim, 0, bytes);
+    const std::uint64_t on_source = r.sim->device_bytes_in_use(1);
+    REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, transposed(gpu1, gpu0, src, dst, rows, cols))).ok());
+    CHECK(wrong_transpose(dst, data, rows, cols) == 0);
+    CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
+    // The temporary on the source GPU is freed once the copy has read it.
+    CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(1) == on_source; }));
+    REQUIRE(r.sim->free_device(src) == cuda::error::success);
+    REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+  }
+}
+
+TEST_CASE("copy_on_gpu reads the source only after the producer's stream got there",
+          "[transfer][copy][cuda]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
+  const std::vector<float> data = iota_floats(512);
+  const std::size_t bytes = data.size() * sizeof(float);
+  void* filled = device_memory(*r.sim, 0, bytes, data.data());
+  void* src = device_memory(*r.sim, 0, bytes);
+  void* dst = device_memory(*r.sim, 0, bytes);
+  // The producer's stream fills the source once its gate opens (from device
+  // memory: a copy from pageable memory would hold this thread until then).
+  cuda::stream_t producer = nullptr;
+  std::promise<void> gate;
+  {
+    absl::StatusOr<device_guard> on = device_guard::enter(*r.sim, 0);
+    REQUIRE(on.ok());
+    REQUIRE(r.sim->stream_create(&producer) == cuda::error::success);
+    std::shared_future<void> opened = gate.get_future().share();
+    REQUIRE(r.sim->launch_host_func(producer, [opened] { opened.wait(); }) == cuda::error::success);
+    REQUIRE(r.sim->memcpy_async(src, filled, bytes, cuda::memcpy_kind::device_to_device,
+                                producer) == cuda::error::success);
+  }
+  copy_request req = transposed(gpu0, gpu0, src, dst, 512, 1);
+  req.layout = {4, {512}, {1}};
+  req.compact = true;
+  req.produced = context->record_producer(0, reinterpret_cast<std::int64_t>(producer));
+  marker_ptr copied = copy_on_gpu(core, {gpu0, 0}, req);
+  context->quiesce();
+  CHECK_FALSE(copied->done());
+  gate.set_value();
+  REQUIRE(wait(copied).ok());
+  CHECK(std::memcmp(dst, data.data(), bytes) == 0);
+  REQUIRE(wait(req.produced).ok());
+  {
+    absl::StatusOr<device_guard> on = device_guard::enter(*r.sim, 0);
+    REQUIRE(r.sim->stream_destroy(producer) == cuda::error::success);
+  }
+  REQUIRE(r.sim->free_device(filled) == cuda::error::success);
+  REQUIRE(r.sim->free_device(src) == cuda::error::success);
+  REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+}
+
+TEST_CASE("copy_on_gpu reports a failed copy, kernel or producer as its status",
+          "[transfer][copy][cuda]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  constexpr std::int64_t rows = 16;
+  constexpr std::int64_t cols = 8;
+  const std::vector<float> data = iota_floats(rows * cols);
+  const std::size_t bytes = data.size() * sizeof(float);
+  void* src = device_memory(*r.sim, 0, bytes, data.data());
+  void* dst = device_memory(*r.sim, 0, bytes);
+  copy_request compact = transposed(gpu0, gpu0, src, dst, rows * cols, 1);
+  compact.layout = {4, {rows * cols}, {1}};
+  compact.compact = true;
+  SECTION("a copy that cannot be enqueued") {
+    r.sim->fail_call("cudaMemcpyAsync", 1, cuda::error::launch_failure);
+    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+                   {"cudaMemcpyAsync", "cuda:0", "cudaErrorLaunchFailure"});
+  }
+  SECTION("a gather kernel that cannot be launched") {
+    r.sim->fail_call("dlasyncGatherKernel", 1, cuda::error::launch_failure);
+    require_status(wait(copy_on_gpu(core, {gpu0, 0}, transposed(gpu0, gpu0, src, dst, rows, cols))),
+                   absl::StatusCode::kInternal,
+                   {"dlasync gather kernel", "cuda:0", "cudaErrorLaunchFailure"});
+  }
+  SECTION("a marker for the copy that cannot be recorded") {
+    r.sim->fail_call("cudaEventRecord", 1, cuda::error::unknown);
+    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+                   {"cudaEventRecord", "cuda:0", "cudaErrorUnknown"});
+  }
+  SECTION("a producer whose stream could not be recorded: nothing is enqueued") {
+    compact.produced = done_marker(absl::InternalError("cudaEventRecord failed on cuda:0"));
+    const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
+    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+                   {"cudaEventRecord"});
+    CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
+  }
+  REQUIRE(r.sim->free_device(src) == cuda::error::success);
+  REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+}
+
+TEST_CASE("copy_on_gpu of no bytes completes without a copy", "[transfer][copy][cuda]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  copy_request req;
+  req.path = transfer_path::within_gpu;
+  req.source = gpu0;
+  req.target = gpu0;
+  req.layout = {4, {0}, {1}};
+  req.compact = true;
+  const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
+  REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, req)).ok());
+  CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
+}
+
+TEST_CASE("an upload whose row is larger than a staging chunk is refused with the fix",
+          "[transfer][copy][cuda][staging]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  constexpr std::int64_t rows = 8;
+  constexpr std::int64_t cols = 4096;  // 16 KiB rows against 4 KiB chunks
+  const std::vector<float> data = iota_floats(rows * cols);
+  void* dst = device_memory(*r.sim, 0, data.size() * sizeof(float));
+  copy_request req = transposed(device{device_kind::cpu, 0}, gpu0, data.data(), dst, rows, cols);
+  req.path = transfer_path::pageable_to_gpu;
+  const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
+  require_status(wait(upload_through_staging(core, {gpu0, 0}, req)),
+                 absl::StatusCode::kUnimplemented,
+                 {"larger than a staging chunk", "staging_chunk_bytes", "contiguous"});
+  CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
+  REQUIRE(r.sim->free_device(dst) == cuda::error::success);
+}
+
+TEST_CASE("a strided download is compacted on its GPU, then staged to the host",
+          "[transfer][copy][cuda][staging]") {
+  testing::sim_runtime r = checked_runtime();
+  runtime_core& core = core_of(*r.rt);
+  constexpr std::int64_t rows = 64;
+  constexpr std::int64_t cols = 128;  // 32 KiB: 8 pieces through 4 KiB chunks
+  const std::vector<float> data = iota_floats(rows * cols);
+  void* src = device_memory(*r.sim, 1, data.size() * sizeof(float), data.data());
+  std::vector<float> out(data.size());
+  copy_request req = transposed(gpu1, device{device_kind::cpu, 0}, src, out.data(), rows, cols);
+  req.path = transfer_path::gpu_to_host;
+  const std::uint64_t on_gpu = r.sim->device_bytes_in_use(1);
+  REQUIRE(wait(download_through_staging(core, {gpu1, 0}, req)).ok());
+  CHECK(wrong_transpose(out.data(), data, rows, cols) == 0);
+  CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
+  // The compact temporary goes once the download has read it.
+  CHECK(testing::eventually([&] { return r.sim->device_bytes_in_use(1) == on_gpu; }));
+  REQUIRE(r.sim->free_device(src) == cuda::error::success);
+}
+
+}  // namespace dlasync::detail
