@@ -3,8 +3,8 @@
 // the smallest runtime that has them: one host device, two workers, two
 // simulated GPUs. copy_on_gpu for compact and strided sources (the gather
 // kernel), on one GPU and across two, following a producer's stream; its
-// error paths; the staging paths' refusal of rows larger than a chunk and
-// a strided download compacted on the GPU first.
+// error paths; a strided download compacted on the GPU first. (The
+// transfer plan refuses uploads whose rows do not fit a chunk.)
 #include "transfer/src/copy/device_copy.hpp"
 
 #include <atomic>
@@ -243,24 +243,6 @@ TEST_CASE("copy_on_gpu of no bytes completes without a copy", "[transfer][copy][
   const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
   REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, req)).ok());
   CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
-}
-
-TEST_CASE("an upload whose row is larger than a staging chunk is refused with the fix",
-          "[transfer][copy][cuda][staging]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
-  constexpr std::int64_t rows = 8;
-  constexpr std::int64_t cols = 4096;  // 16 KiB rows against 4 KiB chunks
-  const std::vector<float> data = iota_floats(rows * cols);
-  void* dst = device_memory(*r.sim, 0, data.size() * sizeof(float));
-  copy_request req = transposed(device{device_kind::cpu, 0}, gpu0, data.data(), dst, rows, cols);
-  req.path = transfer_path::pageable_to_gpu;
-  const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
-  require_status(wait(upload_through_staging(core, {gpu0, 0}, req)),
-                 absl::StatusCode::kUnimplemented,
-                 {"larger than a staging chunk", "staging_chunk_bytes", "contiguous"});
-  CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
-  REQUIRE(r.sim->free_device(dst) == cuda::error::success);
 }
 
 TEST_CASE("a strided download is compacted on its GPU, then staged to the host",

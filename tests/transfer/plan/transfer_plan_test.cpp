@@ -231,6 +231,14 @@ TEST_CASE("the plan refuses a strided upload whose row is larger than a chunk",
       gpu_facts(32), t, onto(cuda0), absl::StatusCode::kUnimplemented, "staging",
       {"larger than a staging chunk of 32 bytes", "not consumed", "staging_chunk_bytes"});
   require_path(gpu_facts(4096), t, onto(cuda0), transfer_path::pageable_to_gpu);
+  // A transpose of 8 x 4096 floats: each row along the tile dimension is
+  // 16 KiB, read as one unit.
+  static float wide[8 * 4096];
+  tensor_spec rows = matrix(host_device, wide, {8, 4096});
+  rows.strides = std::vector<std::int64_t>{1, 8};
+  require_refusal(gpu_facts(16384 - 4), rows, onto(cuda0), absl::StatusCode::kUnimplemented,
+                  "staging", {"chunk of 16380 bytes"});
+  require_path(gpu_facts(16384), rows, onto(cuda0), transfer_path::pageable_to_gpu);
   // A compact upload is cut to fit any chunk.
   require_path(gpu_facts(32), matrix(host_device, pageable_memory), onto(cuda0),
                transfer_path::pageable_to_gpu);
