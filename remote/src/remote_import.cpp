@@ -42,7 +42,9 @@ absl::StatusCode peer_code(std::int32_t code) {
 }
 
 remote_import::remote_import(std::shared_ptr<remote_core> core, done_fn done)
-    : core_(std::move(core)), done_(std::move(done)) {}
+    : core_(std::move(core)),
+      done_(std::move(done)),
+      budget_wait_(*core_of(core_->rt()).budget()) {}
 
 remote_import::~remote_import() = default;
 
@@ -96,21 +98,23 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
               t.count(), " ms); the exporter is slow or gone")));
         }
       });
-  waiting_for_budget_ = true;
-  lock.unlock();
-  const std::uint64_t ticket =
-      budget.acquire(fetch_bytes_, [self = shared_from_this()](absl::Status s) mutable {
+  // Asked under the lock, so that shutdown and cancellation find the wait
+  // with its ticket: the grant is posted, never run inside the call.
+  budget_wait_.begin(
+      fetch_bytes_,
+      [self = shared_from_this()](absl::Status s) mutable {
         asio::any_io_executor ex = self->core_->executor();
         asio::post(ex,
                    [self = std::move(self), s = std::move(s)]() mutable { self->on_budget(s); });
+      },
+      [&budget](std::uint64_t bytes, memory_budget::grant_fn granted) {
+        return budget.acquire(bytes, std::move(granted));
       });
-  lock.lock();
-  budget_ticket_ = ticket;
 }
 
 void remote_import::on_budget(const absl::Status& granted) {
   std::lock_guard lock(core_->ucx().mutex());
-  waiting_for_budget_ = false;
+  budget_wait_.end();
   if (budget_taken_) return;  // shutdown gave it back already
   if (!granted.ok()) {
     finish_locked(granted);  // a cancellation already finished it
@@ -301,10 +305,8 @@ void remote_import::on_shutdown_locked() {
   finish_locked(in_flight(absl::CancelledError("the remote node shut down")));
   hold_released_ = true;  // the connection closes: the exporter ends the hold
   tracked_ = false;       // the node forgets every import
-  if (waiting_for_budget_ &&
-      !core_of(core_->rt())
-           .budget()
-           ->cancel(budget_ticket_, absl::CancelledError("the remote node shut down"))) {
+  if (budget_wait_.cancel(absl::CancelledError("the remote node shut down")) ==
+      budget_wait::outcome::granted) {
     // Granted, and its grant on the way here: given back with the rest
     // (after_finalize_locked), not when it arrives.
     budget_held_ = fetch_bytes_;
@@ -326,10 +328,10 @@ void remote_import::cancel(absl::Status why) {
   std::unique_lock lock(core_->ucx().mutex());
   if (finished_) return;
   finish_locked(in_flight(std::move(why)));
-  if (waiting_for_budget_) {
-    const std::uint64_t ticket = budget_ticket_;
+  if (budget_wait_.waiting()) {
+    // Its grant handler, with the grant or the cancellation, winds it down.
     lock.unlock();
-    core_of(core_->rt()).budget()->cancel(ticket, absl::CancelledError("remote import cancelled"));
+    (void)budget_wait_.cancel(absl::CancelledError("remote import cancelled"));
     return;
   }
   // A hold asked for and not answered yet stays tracked: its answer

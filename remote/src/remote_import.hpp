@@ -25,6 +25,7 @@
 #include "dlasync/transfer/tensor.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "runtime/src/budget_wait.hpp"
 
 namespace dlasync::detail {
 
@@ -106,8 +107,7 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   layout layout_ = layout::compact;
   std::uint64_t fetch_bytes_ = 0;
 
-  std::uint64_t budget_ticket_ = 0;
-  bool waiting_for_budget_ = false;
+  budget_wait budget_wait_;
   bool budget_taken_ = false;  // a grant on its way that shutdown settled
   std::uint64_t budget_held_ = 0;
   device_buffer buffer_;

@@ -2,19 +2,18 @@
 
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "runtime/src/budget_wait.hpp"
 
 namespace dlasync {
 
 std::uint64_t memory_budget::acquire(std::uint64_t bytes, grant_fn fn) {
   std::unique_lock lock(mutex_);
   const std::uint64_t ticket = next_ticket_++;
-  if (limit_ != 0 && bytes > limit_) {
+  // Callers check the rule before they ask (the transfer plan, a batch, a
+  // remote import); a request that could never be granted must not wait.
+  if (absl::Status over = detail::within_budget("a copy", bytes, limit_); !over.ok()) {
     lock.unlock();
-    std::move(fn)(absl::ResourceExhaustedError(
-        absl::StrCat("a copy of ", bytes, " bytes exceeds the whole copy memory budget of ", limit_,
-                     " bytes; raise runtime_options::copy_memory_budget or import a "
-                     "view (copy unset, same device)")));
+    std::move(fn)(std::move(over));
     return ticket;
   }
   if (waiters_.empty() && (limit_ == 0 || limit_ - in_use_ >= bytes)) {

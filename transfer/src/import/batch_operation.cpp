@@ -25,7 +25,8 @@ batch_operation::batch_operation(runtime& rt, std::size_t size, done_fn done)
     : rt_(rt),
       core_(core_of(rt)),
       results_(size, absl::UnknownError("not imported")),
-      done_(std::move(done)) {}
+      done_(std::move(done)),
+      budget_wait_(*core_.budget()) {}
 
 bool batch_operation::needs_budget(const import_start& m) const {
   return !m.ready && m.transfer.path != transfer_path::view &&
@@ -85,29 +86,21 @@ void batch_operation::start(std::span<managed_tensor> sources, const import_opti
     op_id_ = 0;
     return arrive();
   }
-  {
-    std::lock_guard lock(mutex_);
-    waiting_for_budget_ = true;
-  }
   // One reservation for all the copies (a producer stream that could not
-  // be recorded has made its member ready, and left the total smaller).
-  const std::uint64_t ticket = acquire_budget(
-      core_, reserved,
-      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
-  bool cancelled = false;
-  {
-    std::lock_guard lock(mutex_);
-    if (waiting_for_budget_) ticket_ = ticket;
-    cancelled = cancelled_ && waiting_for_budget_;
-  }
-  if (cancelled) cancel();
+  // be recorded has made its member ready, and left the total smaller). A
+  // cancel that came before ends the wait as soon as its ticket is known.
+  budget_wait_.begin(
+      reserved, [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); },
+      [this](std::uint64_t bytes, memory_budget::grant_fn granted) {
+        return acquire_budget(core_, bytes, std::move(granted));
+      });
 }
 
 void batch_operation::on_budget(absl::Status status) {
+  budget_wait_.end();
   bool cancelled = false;
   {
     std::lock_guard lock(mutex_);
-    waiting_for_budget_ = false;
     cancelled = cancelled_;
   }
   if (status.ok() && cancelled) {
@@ -152,18 +145,14 @@ void batch_operation::start_member(std::size_t index) {
 
 void batch_operation::cancel() {
   std::vector<std::shared_ptr<import_operation>> ops;
-  std::uint64_t ticket = 0;
   {
     std::lock_guard lock(mutex_);
     cancelled_ = true;
     ops = ops_;
-    if (waiting_for_budget_) ticket = ticket_;
   }
-  if (ticket != 0) {
-    core_.budget()->cancel(
-        ticket, absl::CancelledError("the batch was cancelled while it waited for copy memory "
-                                     "budget; its sources were released"));
-  }
+  (void)budget_wait_.cancel(absl::CancelledError(
+      "the batch was cancelled while it waited for copy memory budget; its sources were "
+      "released"));
   for (const std::shared_ptr<import_operation>& op : ops) op->cancel();
 }
 

@@ -47,10 +47,9 @@ class batch_operation : public std::enable_shared_from_this<batch_operation> {
   std::atomic<std::size_t> remaining_{0};
   done_fn done_;
   std::uint64_t op_id_ = 0;  // registered while it waits for budget
+  budget_wait budget_wait_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<import_operation>> ops_;
-  std::uint64_t ticket_ = 0;
-  bool waiting_for_budget_ = false;
   bool cancelled_ = false;
 };
 

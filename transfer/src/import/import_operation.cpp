@@ -91,6 +91,7 @@ import_operation::import_operation(runtime_core& core, import_start started)
       plan_(started.plan),
       produced_(std::move(started.produced)),
       transfer_(std::move(started.transfer)),
+      budget_wait_(*core.budget()),
       control_(std::make_shared<copy_control>()),
       budget_held_(started.budget_held),
       began_(runtime_counters::timed_from(started.began)) {
@@ -110,34 +111,21 @@ void import_operation::start(done_fn done) {
   }
   if (transfer_.path == transfer_path::view_after_producer) return wait_for_producer();
   if (budget_held_) return on_budget(absl::OkStatus());
-  {
-    std::lock_guard lock(mutex_);
-    waiting_for_budget_ = true;
-  }
-  const std::uint64_t ticket = acquire_budget(
-      core_, transfer_.hold_bytes,
-      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); });
-  {
-    std::lock_guard lock(mutex_);
-    if (!waiting_for_budget_) return;
-    ticket_ = ticket;
-  }
-  // A cancel that came before the ticket was known could not end the wait.
-  if (control_->cancel_requested.load(std::memory_order_acquire)) cancel();
+  // A cancel that came before (or comes while the ticket is not known) ends
+  // the wait as soon as it is.
+  budget_wait_.begin(
+      transfer_.hold_bytes,
+      [self = shared_from_this()](absl::Status s) { self->on_budget(std::move(s)); },
+      [this](std::uint64_t bytes, memory_budget::grant_fn granted) {
+        return acquire_budget(core_, bytes, std::move(granted));
+      });
 }
 
 void import_operation::cancel() {
   control_->cancel_requested.store(true, std::memory_order_release);
-  std::uint64_t ticket = 0;
-  {
-    std::lock_guard lock(mutex_);
-    if (waiting_for_budget_) ticket = ticket_;
-  }
-  if (ticket != 0) {
-    core_.budget()->cancel(
-        ticket, absl::CancelledError("the import was cancelled while it waited for copy memory "
-                                     "budget; the source tensor was released"));
-  }
+  (void)budget_wait_.cancel(absl::CancelledError(
+      "the import was cancelled while it waited for copy memory budget; the source tensor was "
+      "released"));
 }
 
 void import_operation::wait_for_producer() {
@@ -162,10 +150,7 @@ void import_operation::wait_for_producer() {
 }
 
 void import_operation::on_budget(absl::Status status) {
-  {
-    std::lock_guard lock(mutex_);
-    waiting_for_budget_ = false;
-  }
+  budget_wait_.end();
   if (!status.ok()) return finish(std::move(status));
   const std::uint64_t bytes = transfer_.hold_bytes;
   std::shared_ptr<memory_budget> budget = core_.budget();

@@ -9,11 +9,11 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "dlasync/runtime/device_buffer.hpp"
+#include "runtime/src/budget_wait.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/import/import_start.hpp"
@@ -52,12 +52,10 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   import_plan plan_;
   marker_ptr produced_;  // the producer's point at the call, or null
   transfer_plan transfer_;
+  budget_wait budget_wait_;
   done_fn done_;
   absl::InlinedVector<std::int64_t, 8> shape_;
   std::shared_ptr<copy_control> control_;
-  std::mutex mutex_;
-  std::uint64_t ticket_ = 0;
-  bool waiting_for_budget_ = false;
   std::uint64_t op_id_ = 0;
   bool budget_held_ = false;
   device_buffer buffer_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/transfer/import_error.hpp"
+#include "runtime/src/budget_wait.hpp"
 #include "transfer/src/kernels/strided_copy.hpp"
 #include "transfer/src/validate/layout.hpp"
 
@@ -113,13 +114,9 @@ absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const i
 
 absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint64_t limit,
                           absl::string_view also) {
-  if (limit == 0 || bytes <= limit) return absl::OkStatus();
-  std::string message = absl::StrCat(what, " needs ", bytes,
-                                     " bytes, more than the whole copy memory budget of ", limit,
-                                     " bytes; not consumed: raise "
-                                     "runtime_options::copy_memory_budget");
-  if (!also.empty()) absl::StrAppend(&message, ", or ", also);
-  return with_import_error(absl::ResourceExhaustedError(message),
+  absl::Status over = within_budget(what, bytes, limit, also);
+  if (over.ok()) return over;
+  return with_import_error(std::move(over),
                            import_error{.consumed = false, .rule = "budget", .copy_reasons = ""});
 }
 
