@@ -439,6 +439,7 @@ int run() {
     cfg.stop_at = start + std::chrono::duration_cast<clock::duration>(
                               std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
     std::vector<std::future<void>> stages;
+    stages.reserve(static_cast<std::size_t>(producers) + static_cast<std::size_t>(importers));
     for (int i = 0; i < producers; ++i) {
       stages.push_back(
           asio::co_spawn(producer_threads,
