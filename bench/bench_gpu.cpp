@@ -256,7 +256,7 @@ deleter_latencies measure_slow_deleters() {
   deleter_latencies out;
   const dlasync::served_devices* gpus = rt->registry().find(dlasync::device_kind::cuda);
   if (gpus == nullptr || gpus->count < 2) return out;
-  std::vector<float> host(16 * 1024, 1.0f);
+  std::vector<float> host(std::size_t{16} * 1024, 1.0f);
   auto source = [&](absl::AnyInvocable<void() &&> on_delete) {
     dlasync::tensor_description d;
     d.data = host.data();
@@ -308,6 +308,7 @@ double sim_link_gbps() {
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): what escapes main ends the program with its message
 int main(int argc, char** argv) {
   dlasync::runtime_options o;
   o.topology = dlasync::process_topology::single_process();

@@ -172,12 +172,14 @@ struct child {
 child spawn(const std::vector<std::string>& args, const std::vector<std::string>& extra_env) {
   std::vector<std::string> a = args;
   std::vector<char*> argv;
+  argv.reserve(a.size() + 1);
   for (std::string& s : a) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::vector<std::string> env;
   for (char** e = ::environ; *e != nullptr; ++e) env.emplace_back(*e);
   env.insert(env.end(), extra_env.begin(), extra_env.end());
   std::vector<char*> envp;
+  envp.reserve(env.size() + 1);
   for (std::string& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);
   int in[2];
@@ -241,7 +243,7 @@ double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, s
       ++in_flight;
       const remote_descriptor& d = ds[next++];
       lock.unlock();
-      async_import_remote(node, d, {}, [&](absl::StatusOr<tensor> t) {
+      async_import_remote(node, d, {}, [&](const absl::StatusOr<tensor>& t) {
         if (!t.ok()) {
           std::cerr << "import failed: " << t.status() << "\n";
           failed = true;
@@ -400,6 +402,7 @@ int main(int argc, char** argv) {
             exporter.send("publish " + std::to_string(rows) + " " + std::to_string(row) + " " +
                           std::to_string(2 * row) + " 4");
             std::vector<remote_descriptor> ds;
+            ds.reserve(4);
             for (int i = 0; i < 4; ++i)
               ds.push_back(*remote_descriptor::decode(unhex(*exporter.line())));
             (by_runs ? runs : span).push_back(import_all(**node, ds, 1, rows * row, failed));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -30,7 +31,7 @@ class latency_recorder {
     if (samples_.empty()) return 0;
     std::vector<double> sorted = samples_;
     const auto rank =
-        static_cast<std::size_t>(p / 100.0 * static_cast<double>(sorted.size() - 1) + 0.5);
+        static_cast<std::size_t>(std::lround(p / 100.0 * static_cast<double>(sorted.size() - 1)));
     std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(rank),
                      sorted.end());
     return sorted[rank];

@@ -123,8 +123,8 @@ absl::StatusOr<request> parse_request(std::span<const std::byte> body) {
   }
   const std::byte* dims = body.data() + request_fixed_bytes;
   for (int i = 0; i < ndim; ++i) {
-    r.shape.push_back(load<std::int64_t>(dims + 8 * i));
-    r.strides.push_back(load<std::int64_t>(dims + 8 * (ndim + i)));
+    r.shape.push_back(load<std::int64_t>(dims + std::ptrdiff_t{8} * i));
+    r.strides.push_back(load<std::int64_t>(dims + std::ptrdiff_t{8} * (ndim + i)));
     if (r.shape.back() < 0 || r.strides.back() < 0) {
       return absl::InvalidArgumentError(absl::StrCat("dimension ", i, " has extent ",
                                                      r.shape.back(), " and stride ",

@@ -247,7 +247,7 @@ malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, const serv
     m.kind = malformed_kind::ndim_too_large;
   const std::vector<std::int64_t> shape{4, 8};
   const std::vector<std::int64_t> strides{8, 1};
-  const std::vector<std::byte> payload(32 * 4, std::byte{1});
+  const std::vector<std::byte> payload(std::size_t{32} * 4, std::byte{1});
   switch (m.kind) {
     case malformed_kind::unknown_dtype:
       m.frame = encode_request(id, dtype{99, 32, 1}, shape, strides, payload);
@@ -504,6 +504,7 @@ int run() {
   slow_options.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_slow_interval_ms));
   slow_options.give_up_after = std::chrono::milliseconds(
       static_cast<std::int64_t>(absl::GetFlag(FLAGS_slow_seconds) * 1000));
+  done.reserve(static_cast<std::size_t>(std::max(0, absl::GetFlag(FLAGS_slow_peers))));
   for (int i = 0; i < absl::GetFlag(FLAGS_slow_peers); ++i) {
     done.push_back(asio::co_spawn(asio::make_strand(io), slow_peer(server, slow_options, slow),
                                   asio::use_future));
@@ -589,6 +590,7 @@ int run() {
 }  // namespace
 }  // namespace dlasync::examples
 
+// NOLINTNEXTLINE(bugprone-exception-escape): what escapes main ends the program with its message
 int main(int argc, char** argv) {
   dlasync::examples::parse_flags(
       argc, argv,

@@ -56,7 +56,7 @@ asio::awaitable<peer_io::got> peer_io::body_arriving(std::uint32_t length) {
 
 asio::awaitable<peer_io::got> peer_io::discard(std::uint64_t bytes) {
   const deadline_clock::time_point deadline = deadline_after(deadlines_.read);
-  std::array<std::byte, 64 * 1024> scratch;
+  std::array<std::byte, std::size_t{64} * 1024> scratch;
   while (bytes > 0) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes, scratch.size()));
     const got part = co_await read_until(asio::buffer(scratch.data(), n), deadline);

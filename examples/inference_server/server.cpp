@@ -333,6 +333,7 @@ int run() {
 }  // namespace
 }  // namespace dlasync::examples
 
+// NOLINTNEXTLINE(bugprone-exception-escape): what escapes main ends the program with its message
 int main(int argc, char** argv) {
   dlasync::examples::parse_flags(
       argc, argv,

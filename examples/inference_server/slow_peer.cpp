@@ -51,7 +51,7 @@ asio::awaitable<std::optional<absl::StatusCode>> watch(tcp::socket& socket) {
   std::array<std::byte, 4096> chunk;
   for (;;) {
     auto [ec, n] = co_await socket.async_read_some(asio::buffer(chunk), as_tuple_awaitable);
-    if (received.size() < 64 * 1024)
+    if (received.size() < std::size_t{64} * 1024)
       received.insert(received.end(), chunk.begin(),
                       chunk.begin() + static_cast<std::ptrdiff_t>(n));
     if (ec) break;

@@ -156,14 +156,13 @@ absl::StatusOr<std::shared_ptr<batch>> make_batch(std::uint64_t id, source_kind 
     if (transposed) {
       for (std::int64_t c = 0; c < cfg.cols; ++c) {
         for (std::int64_t r = 0; r < cfg.rows; ++r) {
-          buffer[static_cast<std::size_t>(r + c * cfg.rows)] = expected_value(id, r * cfg.cols + c);
+          buffer[r + c * cfg.rows] = expected_value(id, r * cfg.cols + c);
         }
       }
     } else {
       for (std::int64_t r = 0; r < cfg.rows; ++r) {
         for (std::int64_t c = 0; c < cfg.cols; ++c) {
-          buffer[static_cast<std::size_t>(r * 2 * cfg.cols + c)] =
-              expected_value(id, r * cfg.cols + c);
+          buffer[r * 2 * cfg.cols + c] = expected_value(id, r * cfg.cols + c);
         }
       }
     }
@@ -440,6 +439,7 @@ int run() {
     cfg.stop_at = start + std::chrono::duration_cast<clock::duration>(
                               std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds)));
     std::vector<std::future<void>> stages;
+    stages.reserve(static_cast<std::size_t>(producers) + static_cast<std::size_t>(importers));
     for (int i = 0; i < producers; ++i) {
       stages.push_back(
           asio::co_spawn(producer_threads,
@@ -481,6 +481,7 @@ int run() {
 }  // namespace
 }  // namespace dlasync::examples
 
+// NOLINTNEXTLINE(bugprone-exception-escape): what escapes main ends the program with its message
 int main(int argc, char** argv) {
   dlasync::examples::parse_flags(
       argc, argv,

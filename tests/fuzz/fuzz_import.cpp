@@ -165,6 +165,7 @@ void check_elements(const tensor& t, std::uintptr_t first, std::span<const std::
   for (std::int64_t i = 0; i < n && i < (1 << 16); ++i) {
     std::int64_t offset = 0;
     for (std::size_t d = 0; d < shape.size(); ++d) offset += index[d] * strides[d];
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): the source's address, walked as validation does
     const auto* src = reinterpret_cast<const unsigned char*>(
         first + static_cast<std::uintptr_t>(offset * static_cast<std::int64_t>(element_bytes)));
     // A view keeps the source's strides; a copy is compact.
@@ -280,6 +281,7 @@ int run(FuzzedDataProvider& in, environment& e, bool versioned) {
         plan->target.kind == device_kind::cuda) {
       // The event goes on the stream's own device, which may not be the
       // target's: a wait across devices is allowed, a record is not.
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): DLPack's encoding of a stream
       const auto consumer = reinterpret_cast<cuda::stream_t>(*options.consumer_stream);
       const int device = consumer == e.streams[1]   ? 1
                          : consumer == e.streams[0] ? 0

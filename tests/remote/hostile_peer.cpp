@@ -181,6 +181,7 @@ struct peer {
 
 }  // namespace
 
+// NOLINTNEXTLINE(bugprone-exception-escape): what escapes main ends the program with its message
 int main(int argc, char** argv) {
   answers = fdopen(dup(STDOUT_FILENO), "w");
   dup2(STDERR_FILENO, STDOUT_FILENO);

@@ -138,7 +138,7 @@ int main(int argc, char** argv) {
             std::string(d.status().message()));
         continue;
       }
-      async_import_remote(**node, *d, {}, [](absl::StatusOr<tensor> t) {
+      async_import_remote(**node, *d, {}, [](const absl::StatusOr<tensor>& t) {
         say(t.ok() ? std::string("imported ok")
                    : "imported " + std::to_string(static_cast<int>(t.status().code())) + " " +
                          std::string(t.status().message()));

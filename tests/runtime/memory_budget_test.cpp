@@ -9,7 +9,7 @@ namespace dlasync {
 TEST_CASE("a request that fits is granted at once", "[runtime][budget]") {
   memory_budget budget(100);
   int granted = 0;
-  budget.acquire(60, [&](absl::Status s) { granted += s.ok(); });
+  budget.acquire(60, [&](const absl::Status& s) { granted += s.ok(); });
   CHECK(granted == 1);
   CHECK(budget.in_use() == 60);
   budget.release(60);
@@ -19,9 +19,9 @@ TEST_CASE("a request that fits is granted at once", "[runtime][budget]") {
 TEST_CASE("requests wait in arrival order until memory is released", "[runtime][budget]") {
   memory_budget budget(100);
   std::vector<int> order;
-  budget.acquire(80, [&](absl::Status) { order.push_back(0); });
-  budget.acquire(50, [&](absl::Status s) { order.push_back(s.ok() ? 1 : -1); });
-  budget.acquire(10, [&](absl::Status s) { order.push_back(s.ok() ? 2 : -2); });
+  budget.acquire(80, [&](const absl::Status&) { order.push_back(0); });
+  budget.acquire(50, [&](const absl::Status& s) { order.push_back(s.ok() ? 1 : -1); });
+  budget.acquire(10, [&](const absl::Status& s) { order.push_back(s.ok() ? 2 : -2); });
   CHECK(order == std::vector<int>{0});  // the 10 waits behind the 50: no overtaking
   CHECK(budget.waiting() == 2);
   budget.release(80);
@@ -32,7 +32,7 @@ TEST_CASE("requests wait in arrival order until memory is released", "[runtime][
 TEST_CASE("a request above the whole budget is refused at once", "[runtime][budget]") {
   memory_budget budget(100);
   absl::Status seen;
-  budget.acquire(101, [&](absl::Status s) { seen = s; });
+  budget.acquire(101, [&](const absl::Status& s) { seen = s; });
   CHECK(seen.code() == absl::StatusCode::kResourceExhausted);
   CHECK(std::string(seen.message()).find("101 bytes") != std::string::npos);
   CHECK(std::string(seen.message()).find("copy_memory_budget") != std::string::npos);
@@ -40,11 +40,11 @@ TEST_CASE("a request above the whole budget is refused at once", "[runtime][budg
 
 TEST_CASE("a cancelled wait ends with the given status and lets others in", "[runtime][budget]") {
   memory_budget budget(100);
-  budget.acquire(60, [](absl::Status) {});
+  budget.acquire(60, [](const absl::Status&) {});
   absl::Status big = absl::UnknownError("not called");
   absl::Status small = absl::UnknownError("not called");
-  const std::uint64_t ticket = budget.acquire(70, [&](absl::Status s) { big = s; });
-  budget.acquire(30, [&](absl::Status s) { small = s; });
+  const std::uint64_t ticket = budget.acquire(70, [&](const absl::Status& s) { big = s; });
+  budget.acquire(30, [&](const absl::Status& s) { small = s; });
   CHECK(small.code() == absl::StatusCode::kUnknown);  // waiting behind the 70
   CHECK(budget.cancel(ticket, absl::CancelledError("gone")));
   CHECK(big.code() == absl::StatusCode::kCancelled);
@@ -59,7 +59,7 @@ TEST_CASE("try_acquire grants only what fits with nobody waiting", "[runtime][bu
   CHECK_FALSE(budget.try_acquire(101));  // never fits: the caller reports that
   CHECK(budget.in_use() == 60);
   absl::Status waiter = absl::UnknownError("not called");
-  budget.acquire(50, [&](absl::Status s) { waiter = s; });
+  budget.acquire(50, [&](const absl::Status& s) { waiter = s; });
   CHECK(budget.waiting() == 1);
   CHECK_FALSE(budget.try_acquire(10));  // would overtake the waiter
   budget.release(60);
@@ -74,7 +74,7 @@ TEST_CASE("an unlimited budget never waits", "[runtime][budget]") {
   memory_budget budget(0);
   int granted = 0;
   for (int i = 0; i < 3; ++i)
-    budget.acquire(std::uint64_t{1} << 40, [&](absl::Status s) { granted += s.ok(); });
+    budget.acquire(std::uint64_t{1} << 40, [&](const absl::Status& s) { granted += s.ok(); });
   CHECK(granted == 3);
 }
 

@@ -285,7 +285,7 @@ TEST_CASE("counts stay exact, and never contradict each other, under imports fro
       [&](int n, asio::io_context& io) {
         auto source = std::make_shared<managed_tensor>(make_tensor(m.spec, counts[n]));
         async_import_dlpack(*rt, *source, onto(n % 2 == 0 ? host_device : second_cpu),
-                            asio::bind_executor(io, [&, source](absl::StatusOr<tensor> t) {
+                            asio::bind_executor(io, [&, source](const absl::StatusOr<tensor>& t) {
                               if (!t.ok()) failed.fetch_add(1);
                               done.fetch_add(1);
                             }));

@@ -86,12 +86,10 @@ TEST_CASE("two streams writing the same bytes without an event between them race
           error::success);
   REQUIRE(t.sim.memcpy_async(static_cast<char*>(t.x) + 512, t.y, 1024,
                              memcpy_kind::device_to_device, t.b) == error::success);
-  const auto reports =
-      require_reports(t.sim, 1,
-                      {"race: cudaMemcpyAsync (device to device", "writes",
-                       "while cudaMemcpyAsync (host to "
-                       "device",
-                       "sim_checker_test.cpp", "no event wait or host synchronization"});
+  const auto reports = require_reports(
+      t.sim, 1,
+      {"race: cudaMemcpyAsync (device to device", "writes", "while cudaMemcpyAsync (host to device",
+       "sim_checker_test.cpp", "no event wait or host synchronization"});
   CHECK(reports.size() == 1);
   wait_on_host(t.sim, record(t.sim, 0, t.b));
   gate.set_value();

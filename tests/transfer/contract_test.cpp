@@ -291,7 +291,7 @@ TEST_CASE("a handler that throws on the runtime's executor is reported, and the 
   runtime_options o;
   o.topology = process_topology::single_process(2);
   o.worker_threads = 2;
-  o.on_handler_exception = [&](std::exception_ptr e) {
+  o.on_handler_exception = [&](const std::exception_ptr& e) {
     try {
       std::rethrow_exception(e);
     } catch (const std::runtime_error& error) {
@@ -306,7 +306,7 @@ TEST_CASE("a handler that throws on the runtime's executor is reported, and the 
   deleter_count count;
   managed_tensor source = make_tensor(bytes.spec, count);
   // The handler has no executor of its own: it runs on the runtime's.
-  async_import_dlpack(rt, source, onto(second_cpu), [](absl::StatusOr<tensor> t) {
+  async_import_dlpack(rt, source, onto(second_cpu), [](const absl::StatusOr<tensor>& t) {
     if (t.ok()) throw std::runtime_error("handler failed");
   });
   REQUIRE(testing::eventually([&] { return reported.load() == 1; }));

@@ -59,8 +59,8 @@ gather_params check_gather(const strided_layout& layout, std::size_t misalign,
   }
   const auto span = static_cast<std::size_t>((high - low + 1) * element);
   std::vector<unsigned char> storage(span + 64 + 32);
-  auto* aligned = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<std::uintptr_t>(storage.data()) + 31) / 32 * 32);
+  unsigned char* aligned =
+      storage.data() + (32 - reinterpret_cast<std::uintptr_t>(storage.data()) % 32) % 32;
   // Bytes that do not repeat with any short period: an element read from
   // the wrong place shows.
   for (std::size_t i = 0; i < span + 32; ++i) {
@@ -69,9 +69,9 @@ gather_params check_gather(const strided_layout& layout, std::size_t misalign,
   const unsigned char* src = aligned + misalign - low * element;
 
   std::vector<unsigned char> out_storage(static_cast<std::size_t>(elements * element) + 64);
-  auto* dst = reinterpret_cast<unsigned char*>(
-                  (reinterpret_cast<std::uintptr_t>(out_storage.data()) + 31) / 32 * 32) +
-              dst_misalign;
+  unsigned char* dst = out_storage.data() +
+                       (32 - reinterpret_cast<std::uintptr_t>(out_storage.data()) % 32) % 32 +
+                       dst_misalign;
   std::fill(out_storage.begin(), out_storage.end(), std::uint8_t{0xEE});
   absl::StatusOr<gather_params> p = gather_params_for(dst, src, layout);
   REQUIRE(p.ok());

@@ -105,6 +105,7 @@ TEST_CASE("pinned sources follow the producer's stream, as views and as host cop
     absl::StatusOr<tensor> t = import_now(*r.rt, source, o);
     REQUIRE(t.ok());
     CHECK(t->is_view() == view);
+    // NOLINTNEXTLINE(bugprone-suspicious-memory-comparison): a copy is the same bytes
     CHECK(std::memcmp(t->data(), fresh.data(), 1024 * sizeof(float)) == 0);
     if (!view) CHECK(testing::released(count));
   }
@@ -458,7 +459,7 @@ TEST_CASE("1,000 concurrent GPU imports from several threads each complete once"
                             : device{device_kind::cuda, 1};
     managed_tensor source = make_tensor(s, counts[n]);
     async_import_dlpack(*r.rt, source, o,
-                        asio::bind_executor(io, [&](absl::StatusOr<tensor> result) {
+                        asio::bind_executor(io, [&](const absl::StatusOr<tensor>& result) {
                           ok += result.ok();
                           ++done;
                         }));
@@ -493,10 +494,11 @@ TEST_CASE("shutting down with GPU transfers in flight releases every tensor once
       managed_tensor source = make_tensor(s, *counts.back());
       import_options o;
       o.target = device{device_kind::cuda, i % 2};
-      async_import_dlpack(*r.rt, source, o, asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
-        cancelled += t.status().code() == absl::StatusCode::kCancelled;
-        ++finished;
-      }));
+      async_import_dlpack(*r.rt, source, o,
+                          asio::bind_executor(io, [&](const absl::StatusOr<tensor>& t) {
+                            cancelled += t.status().code() == absl::StatusCode::kCancelled;
+                            ++finished;
+                          }));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }  // the runtime goes: every import is cancelled or finished by now

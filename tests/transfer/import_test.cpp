@@ -108,7 +108,7 @@ TEST_CASE("small copies go to the workers when inline copies are off or the budg
     if (!off) {
       // Someone waits for the budget: a small copy must not overtake it.
       REQUIRE(rt->copy_budget().try_acquire(4096));
-      ticket = rt->copy_budget().acquire(4096, [](absl::Status) {});
+      ticket = rt->copy_budget().acquire(4096, [](const absl::Status&) {});
       REQUIRE(rt->copy_budget().waiting() == 1);
     }
     matrix_source m(4, 4);
@@ -234,7 +234,7 @@ TEST_CASE("deferred imports validate and consume when launched, never before",
   CHECK(rt->in_flight() == 0);
   asio::io_context io;
   bool done = false;
-  std::move(op)(asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
+  std::move(op)(asio::bind_executor(io, [&](const absl::StatusOr<tensor>& t) {
     CHECK(t.ok());
     done = true;
   }));

@@ -82,7 +82,7 @@ absl::Status import_once(sim_runtime& r, device source, void* memory, std::int64
   o.require_contiguous = true;
   o.stream = producer;
   absl::StatusOr<tensor> result = testing::import_now(*r.rt, t, o);
-  const absl::Status status = result.status();
+  absl::Status status = result.status();
   result = absl::UnknownError("dropped");
   REQUIRE(testing::eventually([&] { return count.calls == 1; }));
   return status;
