@@ -29,12 +29,16 @@
 
 namespace dlasync {
 
-// Where a stream-ordered buffer is freed (DLPack stream encoding), shared
-// by the buffer and the tensor that holds it.
-using free_stream_slot = std::shared_ptr<std::atomic<std::int64_t>>;
+// A shared cell that says on which stream a stream-ordered buffer is freed
+// (DLPack stream encoding): the buffer reads it, the tensor that holds the
+// buffer may change it (tensor::set_stream).
+using free_stream_cell = std::shared_ptr<std::atomic<std::int64_t>>;
 
-// One stream of one device: `index` modulo the device's stream count.
-struct stream_ref {
+// A slot of a device's stream pool, not a stream: `index` modulo the
+// device's stream count, resolved by the backend that owns the pool (a
+// stream handle that does not own its stream would be a `_ref`, as CCCL's
+// cuda::stream_ref).
+struct stream_slot {
   dlasync::device device;
   int index = 0;
 };
@@ -55,8 +59,8 @@ class backend {
   // (DLPack encoding) and read when the buffer is freed: the tensor's
   // set_stream moves the free onto the caller's stream.
   virtual absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes,
-                                                 std::size_t alignment, stream_ref s,
-                                                 const free_stream_slot& free_stream) = 0;
+                                                 std::size_t alignment, stream_slot s,
+                                                 const free_stream_cell& free_stream) = 0;
 
   // Returns once no completion callback that was running on a thread of the
   // backend's own (the CUDA reactor) at the time of the call is still

@@ -142,7 +142,7 @@ backend* runtime_core::backend_for(device_kind kind) noexcept {
   return code < by_kind_.size() ? by_kind_[code] : nullptr;
 }
 
-stream_ref runtime_core::next_stream(device d) noexcept {
+stream_slot runtime_core::next_stream(device d) noexcept {
   std::size_t slot = static_cast<std::size_t>(options_.host_devices);  // pinned host memory
   if (d.kind == device_kind::cpu) slot = static_cast<std::size_t>(d.ordinal);
   if (d.kind == device_kind::cuda) slot += 1 + static_cast<std::size_t>(d.ordinal);

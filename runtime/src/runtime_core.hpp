@@ -94,7 +94,7 @@ class runtime_core {
   backend* backend_for(device_kind kind) noexcept;
 
   // The next stream of `d`, round robin over streams_per_device.
-  stream_ref next_stream(device d) noexcept;
+  stream_slot next_stream(device d) noexcept;
 
   // False once shutdown has begun.
   bool accepting() const noexcept { return accepting_.load(std::memory_order_acquire); }

@@ -27,8 +27,8 @@ TEST_CASE("a runtime serves the host devices it was given", "[runtime][runtime]"
   CHECK_FALSE(rt->is_simulated(host_device));
   detail::runtime_core& core = detail::core_of(*rt);
   CHECK(std::string(core.host().name()) == "host");
-  const stream_ref a = core.next_stream({device_kind::cpu, 1});
-  const stream_ref b = core.next_stream({device_kind::cpu, 1});
+  const stream_slot a = core.next_stream({device_kind::cpu, 1});
+  const stream_slot b = core.next_stream({device_kind::cpu, 1});
   CHECK(a.index != b.index);  // two streams a device, taken in turn
 }
 
@@ -49,7 +49,7 @@ TEST_CASE("a host stream runs its tasks one at a time, in the order enqueued",
           "[runtime][backend]") {
   std::unique_ptr<runtime> rt = testing::make_runtime();
   detail::host_backend& host = detail::core_of(*rt).host();
-  const stream_ref s{host_device, 0};
+  const stream_slot s{host_device, 0};
   constexpr int tasks = 200;
   // Task i must start after task i - 1 said it was done, and not before.
   std::atomic<int> last_done{-1};
@@ -93,7 +93,7 @@ TEST_CASE("a host stream runs its tasks one at a time, in the order enqueued",
 TEST_CASE("a host stream holds the next task until the running one is done", "[runtime][backend]") {
   std::unique_ptr<runtime> rt = testing::make_runtime();
   detail::host_backend& host = detail::core_of(*rt).host();
-  const stream_ref s{host_device, 1};
+  const stream_slot s{host_device, 1};
   detail::host_stream::done_fn held;
   std::mutex mutex;
   host.stream(s).enqueue([&](detail::host_stream::done_fn done) {

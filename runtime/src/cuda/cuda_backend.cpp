@@ -55,8 +55,8 @@ std::vector<served_devices> cuda_backend::served() const {
 }
 
 absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t bytes,
-                                                     std::size_t alignment, stream_ref s,
-                                                     const free_stream_slot& free_stream) {
+                                                     std::size_t alignment, stream_slot s,
+                                                     const free_stream_cell& free_stream) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   cuda::stream_t stream = context_->stream(d.ordinal, s.index);
   // Pools hand out 256-byte aligned blocks; more is asked of by padding.

@@ -31,8 +31,8 @@ class cuda_backend final : public backend {
   std::vector<served_devices> served() const override;
   // Stream-ordered device memory on stream `s` of `d` (a cuda device).
   absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
-                                         stream_ref s,
-                                         const free_stream_slot& free_stream) override;
+                                         stream_slot s,
+                                         const free_stream_cell& free_stream) override;
   void quiesce() override { context_->quiesce(); }
 
   // Memory for the caller (runtime::allocate): device memory usable on any

@@ -21,7 +21,7 @@ std::vector<served_devices> host_backend::served() const {
   return host_backend_devices(options_.host_devices);
 }
 
-host_stream& host_backend::stream(stream_ref s) {
+host_stream& host_backend::stream(stream_slot s) {
   const auto per_device = static_cast<std::size_t>(options_.streams_per_device);
   const auto ordinal =
       static_cast<std::size_t>(s.device.kind == device_kind::cpu ? s.device.ordinal : 0);
@@ -29,8 +29,8 @@ host_stream& host_backend::stream(stream_ref s) {
 }
 
 absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t bytes,
-                                                     std::size_t alignment, stream_ref,
-                                                     const free_stream_slot& /*free_stream*/) {
+                                                     std::size_t alignment, stream_slot,
+                                                     const free_stream_cell& /*free_stream*/) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
   alignment = std::max<std::size_t>(alignment, 64);  // a cache line at least
   std::uint64_t capacity = 0;
@@ -49,7 +49,7 @@ std::uint64_t host_backend::cached_bytes() const {
   return cache_->cached_bytes();
 }
 
-marker_ptr host_backend::record(stream_ref s) {
+marker_ptr host_backend::record(stream_slot s) {
   auto marker = std::make_shared<completion_marker>();
   stream(s).enqueue([marker](host_stream::done_fn done) {
     marker->complete(absl::OkStatus());

@@ -35,20 +35,20 @@ class host_backend final : public backend {
   const char* name() const noexcept override { return "host"; }
   std::vector<served_devices> served() const override;
   absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
-                                         stream_ref s,
-                                         const free_stream_slot& free_stream) override;
+                                         stream_slot s,
+                                         const free_stream_cell& free_stream) override;
   // Host memory is never freed stream-ordered.
   absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
-                                         stream_ref s) {
+                                         stream_slot s) {
     return allocate(d, bytes, alignment, s, nullptr);
   }
 
   // Stream `s.index` of host device `s.device`; pinned host memory is the
   // host's, and its work runs on cpu:0's streams.
-  host_stream& stream(stream_ref s);
+  host_stream& stream(stream_slot s);
 
   // A marker that completes when stream `s` has run what it holds now.
-  marker_ptr record(stream_ref s);
+  marker_ptr record(stream_slot s);
 
   // Bytes of freed blocks kept for reuse.
   std::uint64_t cached_bytes() const;

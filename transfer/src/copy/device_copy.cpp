@@ -35,7 +35,7 @@ struct path_stream {
   marker_ptr done;
 };
 
-path_stream enter_stream(runtime_core& core, stream_ref s, const copy_request& r) {
+path_stream enter_stream(runtime_core& core, stream_slot s, const copy_request& r) {
   path_stream on{core.cuda()->shared_context(), s.device.ordinal, nullptr, nullptr};
   on.stream = on.context->stream(on.device, s.index);
   if (absl::Status st = follow_producer(*on.context, r, on.device, on.stream); !st.ok()) {
@@ -119,7 +119,7 @@ absl::Status enqueue(const std::shared_ptr<cuda_context>& context, const copy_re
 
 }  // namespace
 
-marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& request) {
+marker_ptr copy_on_gpu(runtime_core& core, stream_slot s, const copy_request& request) {
   const path_stream on = enter_stream(core, s, request);
   if (on.done) return on.done;
   const std::shared_ptr<cuda_context>& context = on.context;
@@ -143,7 +143,7 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& req
   return failed;
 }
 
-marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_request& request) {
+marker_ptr upload_through_staging(runtime_core& core, stream_slot s, const copy_request& request) {
   const path_stream on = enter_stream(core, s, request);
   if (on.done) return on.done;
   // The plan refused uploads whose rows do not fit a chunk.
@@ -152,7 +152,7 @@ marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_r
   return p->done();
 }
 
-marker_ptr download_through_staging(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr download_through_staging(runtime_core& core, stream_slot s, copy_request request) {
   const path_stream on = enter_stream(core, s, request);
   if (on.done) return on.done;
   const std::shared_ptr<cuda_context>& context = on.context;

@@ -15,8 +15,8 @@
 
 namespace dlasync::detail {
 
-marker_ptr copy_on_gpu(runtime_core& core, stream_ref s, const copy_request& request);
-marker_ptr upload_through_staging(runtime_core& core, stream_ref s, const copy_request& request);
-marker_ptr download_through_staging(runtime_core& core, stream_ref s, copy_request request);
+marker_ptr copy_on_gpu(runtime_core& core, stream_slot s, const copy_request& request);
+marker_ptr upload_through_staging(runtime_core& core, stream_slot s, const copy_request& request);
+marker_ptr download_through_staging(runtime_core& core, stream_slot s, copy_request request);
 
 }  // namespace dlasync::detail

@@ -75,7 +75,7 @@ void run_copy(runtime_core& core, const copy_request& request, host_stream::done
   run_part(0);
 }
 
-marker_ptr enqueue(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr enqueue(runtime_core& core, stream_slot s, copy_request request) {
   host_backend& host = core.host();
   host.stream(s).enqueue([&core, request = std::move(request)](host_stream::done_fn done) mutable {
     run_copy(core, request, std::move(done));
@@ -151,7 +151,7 @@ void copy_here(runtime_core& core, const strided_copy& copy, const void* from, v
   }
 }
 
-marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr copy_on_host(runtime_core& core, stream_slot s, copy_request request) {
   if (!request.produced) return enqueue(core, s, std::move(request));
   // Pinned memory written on a CUDA stream: the host copies it once the
   // stream has reached the point the import recorded.

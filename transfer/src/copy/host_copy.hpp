@@ -15,7 +15,7 @@ namespace dlasync::detail {
 // Runs `request` (path host_to_host) on host stream `s`. The marker
 // completes when the copy has finished, or stopped early on cancellation
 // (request.control->aborted then says so).
-marker_ptr copy_on_host(runtime_core& core, stream_ref s, copy_request request);
+marker_ptr copy_on_host(runtime_core& core, stream_slot s, copy_request request);
 
 // Runs `copy` from `from` (its first element) to `to` inside this call, on
 // this thread, with idle workers helping when the copy is large enough to

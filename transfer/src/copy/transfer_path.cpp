@@ -20,7 +20,7 @@ std::optional<byte_path> counted_path(transfer_path path) noexcept {
   return std::nullopt;
 }
 
-marker_ptr start_copy(runtime_core& core, stream_ref s, copy_request request) {
+marker_ptr start_copy(runtime_core& core, stream_slot s, copy_request request) {
   const cuda::owner_scope tagged(request.control ? request.control->owner : 0);
   switch (request.path) {
     case transfer_path::host_to_host: return copy_on_host(core, s, std::move(request));

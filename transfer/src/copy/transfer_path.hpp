@@ -58,6 +58,6 @@ struct copy_request {
 // marker completes, with the copy's status, once the copy has finished
 // reading the source and writing the destination; after a failure or a
 // cancellation, only once nothing enqueued for it can touch them any more.
-marker_ptr start_copy(runtime_core& core, stream_ref s, copy_request request);
+marker_ptr start_copy(runtime_core& core, stream_slot s, copy_request request);
 
 }  // namespace dlasync::detail

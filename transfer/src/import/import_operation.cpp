@@ -159,7 +159,7 @@ void import_operation::on_budget(absl::Status status) {
     return finish(absl::CancelledError(
         "the import was cancelled before its copy started; the source tensor was released"));
   }
-  const stream_ref stream = core_.next_stream(transfer_.stream_device);
+  const stream_slot stream = core_.next_stream(transfer_.stream_device);
   // A GPU copy's memory is freed stream-ordered; the tensor may move that
   // free onto the caller's stream (tensor::set_stream).
   if (plan_.target.kind == device_kind::cuda) {

@@ -59,7 +59,7 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   std::uint64_t op_id_ = 0;
   bool budget_held_ = false;
   device_buffer buffer_;
-  free_stream_slot free_stream_;  // a GPU copy's, else null
+  free_stream_cell free_stream_;  // a GPU copy's, else null
   runtime_counters::clock::time_point began_;
 };
 
