@@ -24,6 +24,18 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
   return with_import_error(std::move(status), e);
 }
 
+device_buffer holding_budget(device_buffer memory, std::uint64_t bytes,
+                             std::shared_ptr<memory_budget> budget) {
+  const device on = memory.device();
+  void* data = memory.data();
+  return device_buffer(
+      on, data, bytes,
+      [memory = std::move(memory), budget = std::move(budget)](void*, std::uint64_t n) mutable {
+        memory.reset();
+        budget->release(n);
+      });
+}
+
 void release_later(runtime_core& core, managed_tensor source) {
   if (source.empty()) return;
   // Without a deleter there is nothing to run: nothing is handed over, and
@@ -172,13 +184,8 @@ void import_operation::on_budget(absl::Status status) {
     budget->release(bytes);
     return finish(allocated.status());
   }
-  // The copy's memory counts against the budget until the tensor lets go.
   void* data = allocated->data();
-  buffer_ = device_buffer(plan_.target, data, bytes,
-                          [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
-                            memory.reset();
-                            budget->release(n);
-                          });
+  buffer_ = holding_budget(*std::move(allocated), bytes, std::move(budget));
 
   copy_request request;
   request.path = transfer_.path;

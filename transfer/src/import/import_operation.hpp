@@ -70,6 +70,12 @@ absl::Status refused(absl::Status status, const char* rule, const import_plan* p
 // `status` as the failure of an import that had taken its tensor.
 absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 
+// The destination of a copy, `memory`, holding `bytes` of `budget` until
+// the tensor that owns it lets go: they are released after the memory is
+// freed.
+device_buffer holding_budget(device_buffer memory, std::uint64_t bytes,
+                             std::shared_ptr<memory_budget> budget);
+
 // Hands `source`, consumed and read by nothing any more, to the runtime's
 // releaser, which runs its deleter (runtime/src/releaser.hpp): a producer's
 // deleter is user code that may block, and on the thread that completes a

@@ -42,12 +42,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   const strided_copy copy(start.transfer.layout);
   copy_here(core, copy, first_element(plan), allocated->data());
   const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
-  void* data = allocated->data();
-  device_buffer buffer(plan.target, data, bytes,
-                       [memory = *std::move(allocated), budget](void*, std::uint64_t n) mutable {
-                         memory.reset();
-                         budget->release(n);
-                       });
+  device_buffer buffer = holding_budget(*std::move(allocated), bytes, budget);
   // Nothing reads the source any more.
   managed_tensor consumed = std::move(start.source);
   consumed.reset();
