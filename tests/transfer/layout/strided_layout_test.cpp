@@ -80,6 +80,15 @@ TEST_CASE("simplify drops unit extents and merges contiguous dimensions", "[tran
   // A merge that would overflow is not made.
   strided_layout far = simplify({1, {2, 4}, {int64_max / 2 + 1, int64_max / 8}});
   CHECK(far.shape.size() == 2);
+  // What simplify returns is simplified; what it changes was not.
+  for (const strided_layout* l :
+       {&compact, &units, &t, &rows, &broadcast, &reversed, &single, &empty, &far}) {
+    CHECK(is_simplified(*l));
+  }
+  CHECK_FALSE(is_simplified({4, {2, 3, 4}, {12, 4, 1}}));
+  CHECK_FALSE(is_simplified({2, {2, 1, 3}, {3, 99, 1}}));
+  CHECK_FALSE(is_simplified({4, {1, 1}, {7, 9}}));
+  CHECK_FALSE(is_simplified({4, {}, {}}));
   // Simplifying again changes nothing.
   const strided_layout twice = simplify(rows);
   CHECK(twice.shape == rows.shape);

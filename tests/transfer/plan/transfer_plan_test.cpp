@@ -92,11 +92,12 @@ transfer_plan require_path(const transfer_facts& facts, const tensor_spec& spec,
                            const import_options& options, transfer_path expected) {
   planned p;
   plan_of(p, spec, options);
-  absl::StatusOr<transfer_plan> t = plan_transfer(facts, p.plan, *p.tensor.dl_tensor());
-  INFO(t.status().ToString());
-  REQUIRE(t.ok());
-  CHECK(t->path == expected);
-  return *std::move(t);
+  transfer_plan t;
+  const absl::Status s = plan_transfer(facts, p.plan, *p.tensor.dl_tensor(), t);
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  CHECK(t.path == expected);
+  return t;
 }
 
 import_options onto(device target, std::optional<bool> copy = std::nullopt) {
@@ -111,9 +112,10 @@ void require_refusal(const transfer_facts& facts, const tensor_spec& spec,
                      std::initializer_list<const char*> words) {
   planned p;
   plan_of(p, spec, options);
-  absl::StatusOr<transfer_plan> t = plan_transfer(facts, p.plan, *p.tensor.dl_tensor());
-  require_status(t.status(), code, words);
-  const std::optional<import_error> e = import_error_of(t.status());
+  transfer_plan t;
+  const absl::Status s = plan_transfer(facts, p.plan, *p.tensor.dl_tensor(), t);
+  require_status(s, code, words);
+  const std::optional<import_error> e = import_error_of(s);
   REQUIRE(e.has_value());
   CHECK(e->rule == rule);
   CHECK_FALSE(e->consumed);

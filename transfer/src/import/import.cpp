@@ -39,12 +39,10 @@ import_start prepare_import(runtime& rt, managed_tensor& source, const import_op
     facts.locate.emplace(device_of);
     facts.chunk_bytes = cuda->context().chunks().chunk_bytes();
   }
-  absl::StatusOr<transfer_plan> transfer = plan_transfer(facts, plan, *source.dl_tensor());
-  if (!transfer.ok()) {
-    start.ready = transfer.status();
-    return start;
+  if (absl::Status planned = plan_transfer(facts, plan, *source.dl_tensor(), start.transfer);
+      !planned.ok()) {
+    start.ready = std::move(planned);
   }
-  start.transfer = *std::move(transfer);
   return start;
 }
 

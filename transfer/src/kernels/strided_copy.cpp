@@ -74,9 +74,13 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
   bytes_ = count * element_size_;
   if (count == 0) return;  // kernel none, no units
 
-  const strided_layout simple = detail::simplify(layout);
-  shape_ = simple.shape;
-  for (const std::int64_t stride : simple.strides) src_stride_.push_back(stride * es);
+  // A plan's layout is simplified already.
+  strided_layout simplified;
+  const bool simple = detail::is_simplified(layout);
+  if (!simple) simplified = detail::simplify(layout);
+  const strided_layout& use = simple ? layout : simplified;
+  shape_ = use.shape;
+  for (const std::int64_t stride : use.strides) src_stride_.push_back(stride * es);
   ndim_ = static_cast<int>(shape_.size());
   dst_stride_.resize(shape_.size());
   std::int64_t d = es;
@@ -137,7 +141,7 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // the source stays in cache, and writes are the whole cost). Where the
     // source streams from memory too, streaming stores measured slower
     // (docs/performance.md).
-    const std::uint64_t span = detail::byte_extent_of(simple).length;
+    const std::uint64_t span = detail::byte_extent_of(use).length;
     // Each source byte read 4 times or more, on average.
     const bool reread_source = span * 4 <= bytes_;
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes &&

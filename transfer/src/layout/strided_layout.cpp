@@ -40,24 +40,45 @@ strided_layout simplify(const strided_layout& layout) {
     return out;
   }
   for (std::size_t i = 0; i < layout.shape.size(); ++i) {
-    const std::int64_t extent = layout.shape[i];
-    const std::int64_t stride = layout.strides[i];
-    if (extent == 1) continue;
-    std::int64_t across = 0;
-    if (!out.shape.empty() && !__builtin_mul_overflow(stride, extent, &across) &&
-        out.strides.back() == across) {
-      out.shape.back() *= extent;  // bounded by the element count
-      out.strides.back() = stride;
-    } else {
-      out.shape.push_back(extent);
-      out.strides.push_back(stride);
-    }
+    push_simplified(out, layout.shape[i], layout.strides[i]);
   }
+  end_simplified(out);
+  return out;
+}
+
+void push_simplified(strided_layout& out, std::int64_t extent, std::int64_t stride) {
+  if (extent == 1) return;
+  std::int64_t across = 0;
+  if (!out.shape.empty() && !__builtin_mul_overflow(stride, extent, &across) &&
+      out.strides.back() == across) {
+    out.shape.back() *= extent;  // bounded by the element count
+    out.strides.back() = stride;
+  } else {
+    out.shape.push_back(extent);
+    out.strides.push_back(stride);
+  }
+}
+
+void end_simplified(strided_layout& out) {
   if (out.shape.empty()) {  // a single element
     out.shape.push_back(1);
     out.strides.push_back(1);
   }
-  return out;
+}
+
+bool is_simplified(const strided_layout& layout) {
+  const std::size_t n = layout.shape.size();
+  if (n == 0 || layout.strides.size() != n) return false;
+  if (n == 1 && (layout.shape[0] == 0 || layout.shape[0] == 1)) return layout.strides[0] == 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (layout.shape[i] <= 1) return false;
+    std::int64_t across = 0;
+    if (i + 1 < n && !__builtin_mul_overflow(layout.strides[i + 1], layout.shape[i + 1], &across) &&
+        layout.strides[i] == across) {
+      return false;
+    }
+  }
+  return true;
 }
 
 run_shape innermost_run(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,

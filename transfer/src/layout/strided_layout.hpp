@@ -65,6 +65,17 @@ std::optional<element_reach> reach_of(std::span<const std::int64_t> shape,
 // row-major order, so a compact destination is the same either way.
 strided_layout simplify(const strided_layout& layout);
 
+// simplify's steps, for a caller that walks dimensions of its own (the
+// transfer plan, over a DLTensor): push each dimension of a non-empty
+// tensor, outermost first, onto `out` (empty, with its element size), then
+// end it.
+void push_simplified(strided_layout& out, std::int64_t extent, std::int64_t stride);
+void end_simplified(strided_layout& out);
+
+// Whether simplify would return `layout` as it is (a plan's layout is), so
+// that a kernel given one need not simplify again.
+bool is_simplified(const strided_layout& layout);
+
 // The innermost contiguous run of a row-major walk over `shape` with
 // `strides` (elements of `element_bytes` bytes): how many dimensions it
 // covers, from the last (extents of 1 included), and its length in bytes.

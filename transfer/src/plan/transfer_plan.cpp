@@ -81,9 +81,8 @@ bool upload_fits(const strided_layout& layout, std::uint64_t bytes, std::uint64_
 
 }  // namespace
 
-absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const import_plan& plan,
-                                            const DLTensor& dl) {
-  transfer_plan out;
+absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan, const DLTensor& dl,
+                           transfer_plan& out) {
   absl::StatusOr<transfer_path> path = choose_path(facts, plan);
   if (!path.ok()) return refuse(path.status(), "location", plan);
   out.path = *path;
@@ -91,10 +90,10 @@ absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const i
                           ? device{device_kind::cuda, plan.source.ordinal}
                           : plan.target;
   if (out.path == transfer_path::view || out.path == transfer_path::view_after_producer) {
-    return out;
+    return absl::OkStatus();
   }
   out.hold_bytes = plan.byte_size;
-  out.layout = simplify(source_layout(dl, plan));
+  simplified_layout(dl, plan, out.layout);
   if (out.path == transfer_path::pageable_to_gpu &&
       !upload_fits(out.layout, plan.byte_size, facts.chunk_bytes)) {
     return refuse(absl::UnimplementedError(absl::StrCat(
@@ -109,7 +108,7 @@ absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const i
       !st.ok()) {
     return refuse(std::move(st), "budget", plan);
   }
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint64_t limit,
@@ -120,23 +119,23 @@ absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint
                            import_error{.consumed = false, .rule = "budget", .copy_reasons = ""});
 }
 
-strided_layout source_layout(const DLTensor& dl, const import_plan& plan) {
-  strided_layout layout;
-  if (plan.type.is_sub_byte()) {  // packed and compact: plain bytes
-    layout.element_size = 1;
-    layout.shape.push_back(static_cast<std::int64_t>(plan.byte_size));
-    layout.strides.push_back(1);
-    return layout;
+void simplified_layout(const DLTensor& dl, const import_plan& plan, strided_layout& out) {
+  out.shape.clear();
+  out.strides.clear();
+  out.element_size = plan.type.is_sub_byte() ? 1 : plan.type.bits / 8u;
+  if (plan.element_count == 0) {
+    out.shape.push_back(0);
+    out.strides.push_back(1);
+    return;
   }
-  layout.element_size = plan.type.bits / 8u;
-  layout.shape.assign(dl.shape, dl.shape + dl.ndim);
-  layout.strides.resize(layout.shape.size());
-  if (dl.strides != nullptr) {
-    std::copy_n(dl.strides, dl.ndim, layout.strides.begin());
-  } else {
-    row_major_strides(layout.shape, layout.strides);
+  if (plan.compact) {  // packed sub-byte data is compact: plain bytes
+    out.shape.push_back(plan.type.is_sub_byte() ? static_cast<std::int64_t>(plan.byte_size)
+                                                : plan.element_count);
+    out.strides.push_back(1);
+    return;
   }
-  return layout;
+  for (std::int32_t i = 0; i < dl.ndim; ++i) push_simplified(out, dl.shape[i], dl.strides[i]);
+  end_simplified(out);
 }
 
 std::uint64_t staging_piece_bytes(std::uint64_t bytes, std::uint64_t chunk_bytes) noexcept {

@@ -80,11 +80,12 @@ struct transfer_plan {
   device stream_device;
 };
 
-// Plans the import of `dl`, which validation accepted as `plan`. A refusal
-// carries its rule and the plan's copy reasons; nothing is consumed either
-// way.
-absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const import_plan& plan,
-                                            const DLTensor& dl);
+// Plans the import of `dl`, which validation accepted as `plan`, into
+// `out` (an import plans into its own start, without moving a returned
+// plan on the fast path). A refusal carries its rule and the plan's copy
+// reasons; nothing is consumed either way.
+absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan, const DLTensor& dl,
+                           transfer_plan& out);
 
 // ResourceExhausted (rule "budget", not consumed) when `bytes`, what
 // `what` needs ("a copy", "the batch's copies together", "the remote
@@ -93,10 +94,10 @@ absl::StatusOr<transfer_plan> plan_transfer(const transfer_facts& facts, const i
 absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint64_t limit,
                           absl::string_view also = {});
 
-// How a copy reads the source `dl` that `plan` accepted: packed sub-byte
-// data as plain bytes, else its elements with its strides (row-major ones
-// for NULL strides); not simplified.
-strided_layout source_layout(const DLTensor& dl, const import_plan& plan);
+// How a copy reads the source `dl` that `plan` accepted, simplified (the
+// layout floor's rule), written into `out` in one pass: packed sub-byte
+// data and compact tensors as one run, else the tensor's strides.
+void simplified_layout(const DLTensor& dl, const import_plan& plan, strided_layout& out);
 
 // The bytes one staging chunk carries for a transfer of `bytes`: a whole
 // chunk, but a transfer of less than eight chunks is cut into eight pieces
