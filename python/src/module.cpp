@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "dlasync/runtime/runtime_options.hpp"
+#include "dlasync/runtime_options.hpp"
 #include "python/src/py_async.hpp"
 #include "python/src/py_release.hpp"
 #include "python/src/py_runtime.hpp"

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import_error.hpp"
 
 namespace py = pybind11;
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/transfer/import.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/import_error.hpp"
+#include "dlasync/validate.hpp"
 #include "python/src/py_errors.hpp"
 #include "python/src/py_release.hpp"
 #include "python/src/py_source.hpp"

@@ -19,9 +19,9 @@
 #include <mutex>
 #include <optional>
 
-#include "dlasync/runtime/gpu_stream.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/import_options.hpp"
+#include "dlasync/gpu_stream.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/import_options.hpp"
 #include "python/src/py_async.hpp"
 #include "python/src/py_source.hpp"
 

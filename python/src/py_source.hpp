@@ -29,8 +29,8 @@
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/managed_tensor.hpp"
+#include "dlasync/tensor.hpp"
 #include "python/src/py_exchange_api.hpp"
 
 namespace dlasync::python {

@@ -1,4 +1,4 @@
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 
 #include <mutex>
 #include <set>
@@ -6,9 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/producer.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import_error.hpp"
+#include "dlasync/producer.hpp"
+#include "dlasync/validate.hpp"
 #include "remote/src/remote_core.hpp"
 #include "remote/src/remote_import.hpp"
 

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/src/ucx_worker.hpp"
 #include "remote/src/ucx_error.hpp"
 
 namespace dlasync {

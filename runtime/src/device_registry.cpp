@@ -1,4 +1,4 @@
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device_registry.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/src/runtime_core.hpp"

@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/descriptor.hpp"
+#include "dlasync/descriptor.hpp"
 #include "remote/src/plan_remote.hpp"
 
 namespace {

@@ -2,7 +2,7 @@
 // is tests/remote/remote_peer.cpp), over shared memory and over TCP on
 // loopback, and the node's contract within one process. Every wait is
 // bounded; every producer deleter is counted.
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 
 #include <atomic>
 #include <chrono>

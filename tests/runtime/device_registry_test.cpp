@@ -1,4 +1,4 @@
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device_registry.hpp"
 
 #include "catch2/catch.hpp"
 #include "support/test_tensors.hpp"

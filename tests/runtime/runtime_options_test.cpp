@@ -1,7 +1,7 @@
 // runtime::create refuses every option outside its range with
 // InvalidArgument, naming the option, the value seen and the range; the
 // bounds themselves pass.
-#include "dlasync/runtime/runtime_options.hpp"
+#include "dlasync/runtime_options.hpp"
 
 #include <chrono>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "support/test_tensors.hpp"
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/topology.hpp"
+#include "dlasync/topology.hpp"
 
 #include <map>
 #include <string>

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device_registry.hpp"
 
 namespace dlasync::testing {
 

@@ -24,7 +24,7 @@
 #include "asio/use_awaitable.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "support/cuda_scenarios.hpp"
 #include "support/runtime_fixture.hpp"

@@ -1,7 +1,7 @@
-#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/dlpack.hpp"
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/managed_tensor.hpp"
 
 namespace dlasync {
 

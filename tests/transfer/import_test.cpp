@@ -1,4 +1,4 @@
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 
 #include <condition_variable>
 #include <future>

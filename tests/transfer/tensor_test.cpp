@@ -1,4 +1,4 @@
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
 
 #include <cstring>
 #include <numeric>

@@ -1,10 +1,10 @@
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/validate.hpp"
 
 #include <cstdint>
 #include <limits>
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
 #include "support/registries.hpp"
 #include "support/test_tensors.hpp"
 

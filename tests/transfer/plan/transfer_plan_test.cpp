@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import_error.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::detail {

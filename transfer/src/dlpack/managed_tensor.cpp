@@ -1,4 +1,4 @@
-#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/managed_tensor.hpp"
 
 #include <utility>
 

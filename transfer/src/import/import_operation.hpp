@@ -13,7 +13,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
-#include "dlasync/runtime/device_buffer.hpp"
+#include "dlasync/device_buffer.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/import/import_start.hpp"

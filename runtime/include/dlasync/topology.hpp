@@ -1,4 +1,4 @@
-// dlasync/runtime/topology.hpp
+// dlasync/topology.hpp
 //
 // `dlasync::process_topology` says where this process stands among the
 // processes of a job (its rank, the ranks on its node) and which devices it

@@ -1,4 +1,4 @@
-// dlasync/transfer/tensor.hpp
+// dlasync/tensor.hpp
 //
 // `dlasync::tensor` is an imported tensor: its device, dtype, shape, strides
 // (in elements), data and whether it is a zero-copy view of the producer's
@@ -28,12 +28,12 @@
 #include <span>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/dlpack_stream.hpp"
-#include "dlasync/transfer/detail/tensor_state.hpp"
-#include "dlasync/transfer/dlpack.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/dlpack_stream.hpp"
+#include "dlasync/detail/tensor_state.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/managed_tensor.hpp"
+#include "dlasync/validate.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/runtime/runtime_options.hpp
+// dlasync/runtime_options.hpp
 //
 // `dlasync::runtime_options` configures a runtime: its threads, the devices
 // it serves, its streams, the memory its copies may hold, and which CUDA
@@ -24,7 +24,7 @@
 
 #include "asio/any_io_executor.hpp"
 
-#include "dlasync/runtime/topology.hpp"
+#include "dlasync/topology.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/transfer/managed_tensor.hpp
+// dlasync/managed_tensor.hpp
 //
 // `dlasync::managed_tensor` owns one DLPack managed tensor, legacy
 // (`DLManagedTensor*`) or versioned (`DLManagedTensorVersioned*`), and calls
@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/dlpack.hpp"
 
 namespace dlasync {
 

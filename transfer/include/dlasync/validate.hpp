@@ -1,4 +1,4 @@
-// dlasync/transfer/validate.hpp
+// dlasync/validate.hpp
 //
 // Up-front validation: `plan_import` decides, before anything is consumed or
 // scheduled, whether a DLPack tensor can be imported as `import_options`
@@ -34,10 +34,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device_registry.hpp"
-#include "dlasync/transfer/dtype.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/device_registry.hpp"
+#include "dlasync/dtype.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/managed_tensor.hpp"
 
 namespace dlasync {
 

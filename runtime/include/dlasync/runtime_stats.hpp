@@ -1,4 +1,4 @@
-// dlasync/runtime/runtime_stats.hpp
+// dlasync/runtime_stats.hpp
 //
 // `dlasync::runtime_stats` is a snapshot of a runtime's counters, for a
 // server to export: what is in flight and waiting, what completed as views,

@@ -1,4 +1,4 @@
-// dlasync/transfer/detail/tensor_state.hpp
+// dlasync/detail/tensor_state.hpp
 //
 // The shared state behind `dlasync::tensor`: the description, plus whatever
 // keeps the memory alive (a derived type: the producer's managed tensor for a
@@ -10,8 +10,8 @@
 #include <memory>
 
 #include "absl/container/inlined_vector.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dtype.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/transfer/dlpack.hpp
+// dlasync/dlpack.hpp
 //
 // The DLPack ABI as dlasync speaks it: DLPack 1.0-1.3 data, legacy and
 // versioned managed tensors. Includes the `dlpack.h` found on the include
@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "dlasync/runtime/device.hpp"
+#include "dlasync/device.hpp"
 
 #if !defined(DLPACK_MAJOR_VERSION) || DLPACK_MAJOR_VERSION < 1
 #define DLASYNC_DECLARES_DLPACK_V1 1

@@ -1,4 +1,4 @@
-// dlasync/remote/detail/remote_initiation.hpp
+// dlasync/detail/remote_initiation.hpp
 //
 // Plumbing for async_import_remote (node.hpp): the operation lives in the
 // library (remote/src/); its result reaches an Asio completion handler on
@@ -11,12 +11,12 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "asio/associated_cancellation_slot.hpp"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/runtime/detail/deliver.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/detail/import_initiation.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/descriptor.hpp"
+#include "dlasync/detail/deliver.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/detail/import_initiation.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync::detail {
 

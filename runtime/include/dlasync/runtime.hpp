@@ -1,4 +1,4 @@
-// dlasync/runtime/runtime.hpp
+// dlasync/runtime.hpp
 //
 // `dlasync::runtime` is what imports run on. It owns:
 //   - an Asio `io_context` run by `executor_threads` threads: the default
@@ -44,12 +44,12 @@
 
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/device_buffer.hpp"
-#include "dlasync/runtime/device_registry.hpp"
-#include "dlasync/runtime/memory_budget.hpp"
-#include "dlasync/runtime/runtime_options.hpp"
-#include "dlasync/runtime/runtime_stats.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/device_buffer.hpp"
+#include "dlasync/device_registry.hpp"
+#include "dlasync/memory_budget.hpp"
+#include "dlasync/runtime_options.hpp"
+#include "dlasync/runtime_stats.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/transfer/import_error.hpp
+// dlasync/import_error.hpp
 //
 // What an import's error says beyond its code and message, for programs:
 // whether the tensor was consumed, which rule refused it, and why a copy

@@ -1,4 +1,4 @@
-// dlasync/transfer/import.hpp
+// dlasync/import.hpp
 //
 // Asynchronous DLPack imports. The contract, in order:
 //
@@ -83,12 +83,12 @@
 #include "absl/status/statusor.h"
 #include "asio/async_result.hpp"
 #include "asio/awaitable.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/detail/import_initiation.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/detail/import_initiation.hpp"
+#include "dlasync/import_error.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/managed_tensor.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync {
 

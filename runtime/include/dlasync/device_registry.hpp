@@ -1,4 +1,4 @@
-// dlasync/runtime/device_registry.hpp
+// dlasync/device_registry.hpp
 //
 // `dlasync::device_registry` knows which devices exist in the job, which of
 // them this process may address, and which backend serves each device kind
@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/topology.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/topology.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/remote/descriptor.hpp
+// dlasync/descriptor.hpp
 //
 // `dlasync::remote_descriptor` is what an exporting process hands to an
 // importing one so that the importer can fetch a published tensor over UCX:
@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dtype.hpp"
 
 namespace dlasync {
 

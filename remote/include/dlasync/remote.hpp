@@ -1,4 +1,4 @@
-// dlasync/remote/node.hpp
+// dlasync/remote.hpp
 //
 // `dlasync::remote_node` is a runtime's door to other processes and other
 // machines, over UCX. It owns one UCX context and one UCX worker, driven by
@@ -51,12 +51,12 @@
 #include "absl/status/statusor.h"
 #include "asio/async_result.hpp"
 #include "asio/awaitable.hpp"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/remote/detail/remote_initiation.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/descriptor.hpp"
+#include "dlasync/detail/remote_initiation.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/managed_tensor.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync {
 
