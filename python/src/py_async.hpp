@@ -34,7 +34,7 @@
 #include "asio/system_executor.hpp"
 #include "dlasync/runtime.hpp"
 #include "dlasync/tensor.hpp"
-#include "python/src/py_release.hpp"
+#include "py_release.hpp"
 
 namespace dlasync::python {
 

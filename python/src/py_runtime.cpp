@@ -1,4 +1,4 @@
-#include "python/src/py_runtime.hpp"
+#include "py_runtime.hpp"
 
 #include <Python.h>
 
@@ -9,12 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/import.hpp"
-#include "dlasync/import_error.hpp"
-#include "dlasync/validate.hpp"
-#include "python/src/py_errors.hpp"
-#include "python/src/py_release.hpp"
-#include "python/src/py_source.hpp"
-#include "python/src/py_tensor.hpp"
+#include "py_errors.hpp"
+#include "py_release.hpp"
+#include "py_source.hpp"
+#include "py_tensor.hpp"
 
 namespace py = pybind11;
 

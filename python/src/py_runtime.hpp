@@ -20,10 +20,10 @@
 #include <optional>
 
 #include "dlasync/gpu_stream.hpp"
-#include "dlasync/runtime.hpp"
 #include "dlasync/import_options.hpp"
-#include "python/src/py_async.hpp"
-#include "python/src/py_source.hpp"
+#include "dlasync/runtime.hpp"
+#include "py_async.hpp"
+#include "py_source.hpp"
 
 namespace dlasync::python {
 

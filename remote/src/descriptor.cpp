@@ -1,4 +1,4 @@
-#include "dlasync/descriptor.hpp"
+#include "dlasync/remote.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/import_error.hpp"
+#include "dlasync/import.hpp"
 #include "dlasync/producer.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 

@@ -22,11 +22,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/descriptor.hpp"
-#include "dlasync/remote.hpp"
 #include "dlasync/device_registry.hpp"
+#include "dlasync/import.hpp"
 #include "dlasync/import_options.hpp"
-#include "dlasync/validate.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/src/protocol.hpp"
 
 namespace dlasync::remote_detail {

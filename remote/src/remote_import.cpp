@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "asio/post.hpp"
 #include "dlasync/import.hpp"
-#include "dlasync/import_error.hpp"
 #include "dlasync/producer.hpp"
 #include "remote/src/remote_core.hpp"
 #include "runtime/src/runtime_core.hpp"

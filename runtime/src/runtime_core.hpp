@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
+#include "dlasync/memory_budget.hpp"
 #include "dlasync/runtime.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/cuda/cuda_api.hpp"

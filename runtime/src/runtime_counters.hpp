@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dlasync/runtime_stats.hpp"
+#include "dlasync/runtime.hpp"
 
 namespace dlasync::detail {
 

@@ -31,9 +31,9 @@
 #include "asio/use_future.hpp"
 #include "dlasync/dlasync.hpp"
 #include "dlasync/remote.hpp"
-#include "remote/src/ucx_worker.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace {
 

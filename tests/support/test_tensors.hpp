@@ -19,7 +19,6 @@
 #include "catch2/catch.hpp"
 #include "dlasync/dlpack.hpp"
 #include "dlasync/dtype.hpp"
-#include "dlasync/managed_tensor.hpp"
 #include "dlasync/producer.hpp"
 
 namespace dlasync::testing {

@@ -1,7 +1,6 @@
 #include "dlasync/dlpack.hpp"
 
 #include "catch2/catch.hpp"
-#include "dlasync/managed_tensor.hpp"
 
 namespace dlasync {
 

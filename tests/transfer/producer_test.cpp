@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "dlasync/import.hpp"
 #include "dlasync/tensor.hpp"
-#include "dlasync/validate.hpp"
 #include "support/registries.hpp"
 
 namespace dlasync {

@@ -25,8 +25,8 @@
 
 #include "absl/functional/any_invocable.h"
 #include "dlasync/device.hpp"
+#include "dlasync/dlpack.hpp"
 #include "dlasync/dtype.hpp"
-#include "dlasync/managed_tensor.hpp"
 
 namespace dlasync {
 

@@ -9,9 +9,9 @@
 #include <span>
 
 #include "dlasync/device_buffer.hpp"
-#include "dlasync/managed_tensor.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
 #include "dlasync/tensor.hpp"
-#include "dlasync/validate.hpp"
 
 namespace dlasync::detail {
 

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
-#include "dlasync/import_error.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"

@@ -7,8 +7,8 @@
 #include <optional>
 
 #include "dlasync/detail/import_initiation.hpp"
-#include "dlasync/managed_tensor.hpp"
-#include "dlasync/validate.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "transfer/src/plan/transfer_plan.hpp"
 

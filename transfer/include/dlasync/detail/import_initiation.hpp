@@ -20,9 +20,9 @@
 #include "asio/cancellation_type.hpp"
 #include "asio/experimental/deferred.hpp"
 #include "dlasync/detail/deliver.hpp"
-#include "dlasync/runtime.hpp"
+#include "dlasync/dlpack.hpp"
 #include "dlasync/import_options.hpp"
-#include "dlasync/managed_tensor.hpp"
+#include "dlasync/runtime.hpp"
 #include "dlasync/tensor.hpp"
 
 namespace dlasync::detail {
