@@ -45,7 +45,7 @@
 #include <vector>
 
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 
 extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX's
 

@@ -3,8 +3,12 @@
 # dlasync_add_component(<target> EXPORT <name> SOURCES <files>...)
 #   A library with the alias and export name dlasync::<name>; public
 #   headers in the include/ folder beside the calling CMakeLists (installed
-#   as they are), internals included by their path from the repository root
-#   (never installed), and the project's warnings.
+#   from here, as they are: the one place that says what is installed;
+#   tests/consumer/public_headers.txt lists the result), internals included
+#   by their path from the repository root (never installed, and on the
+#   include path of the component's own sources only: a target that links
+#   the component sees its include/ folder alone), and the project's
+#   warnings.
 #
 # dlasync_use_cuda(<target> [SOURCES <files>...])
 #   In builds with CUDA: the CUDA sources, DLASYNC_HAS_CUDA and the static
@@ -19,6 +23,14 @@ function(dlasync_add_component target)
            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
     PRIVATE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
   dlasync_set_warnings(${target})
+  # Components declared in one folder share its include/ (runtime and sim).
+  get_property(installed GLOBAL PROPERTY dlasync_installed_include_dirs)
+  if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/include AND
+     NOT ${CMAKE_CURRENT_SOURCE_DIR}/include IN_LIST installed)
+    set_property(GLOBAL APPEND PROPERTY dlasync_installed_include_dirs
+                 ${CMAKE_CURRENT_SOURCE_DIR}/include)
+    install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  endif()
 endfunction()
 
 function(dlasync_use_cuda target)

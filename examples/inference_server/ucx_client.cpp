@@ -10,7 +10,7 @@
 #include <ucp/api/ucp.h>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/src/ucx_worker.hpp"
 #include "ucx_front.hpp"
 
 namespace dlasync::examples {

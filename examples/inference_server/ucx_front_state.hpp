@@ -17,7 +17,7 @@
 #include <ucp/api/ucp.h>
 
 #include "asio/steady_timer.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/src/ucx_worker.hpp"
 #include "ucx_front.hpp"
 
 namespace dlasync::examples {

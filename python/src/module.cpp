@@ -11,11 +11,11 @@
 #include <memory>
 #include <string>
 
-#include "dlasync/runtime/runtime_options.hpp"
-#include "python/src/py_async.hpp"
-#include "python/src/py_release.hpp"
-#include "python/src/py_runtime.hpp"
-#include "python/src/py_tensor.hpp"
+#include "dlasync/runtime.hpp"
+#include "py_async.hpp"
+#include "py_release.hpp"
+#include "py_runtime.hpp"
+#include "py_tensor.hpp"
 
 namespace py = pybind11;
 using namespace dlasync;

@@ -1,4 +1,4 @@
-#include "python/src/py_async.hpp"
+#include "py_async.hpp"
 
 #include <Python.h>
 #include <sys/eventfd.h>
@@ -13,8 +13,8 @@
 
 #include "asio/executor_work_guard.hpp"
 #include "asio/post.hpp"
-#include "python/src/py_errors.hpp"
-#include "python/src/py_tensor.hpp"
+#include "py_errors.hpp"
+#include "py_tensor.hpp"
 
 namespace py = pybind11;
 

@@ -32,9 +32,9 @@
 #include "asio/io_context.hpp"
 #include "asio/query.hpp"
 #include "asio/system_executor.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/tensor.hpp"
-#include "python/src/py_release.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/tensor.hpp"
+#include "py_release.hpp"
 
 namespace dlasync::python {
 

@@ -1,11 +1,11 @@
-#include "python/src/py_errors.hpp"
+#include "py_errors.hpp"
 
 #include <Python.h>
 
 #include <optional>
 #include <string>
 
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
 
 namespace py = pybind11;
 

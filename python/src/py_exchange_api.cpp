@@ -1,4 +1,4 @@
-#include "python/src/py_exchange_api.hpp"
+#include "py_exchange_api.hpp"
 
 #include <Python.h>
 

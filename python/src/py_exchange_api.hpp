@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/dlpack.hpp"
 
 namespace dlasync::python {
 

@@ -1,4 +1,4 @@
-#include "python/src/py_release.hpp"
+#include "py_release.hpp"
 
 #include <Python.h>
 

@@ -1,4 +1,4 @@
-#include "python/src/py_runtime.hpp"
+#include "py_runtime.hpp"
 
 #include <Python.h>
 
@@ -8,13 +8,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/transfer/import.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/validate.hpp"
-#include "python/src/py_errors.hpp"
-#include "python/src/py_release.hpp"
-#include "python/src/py_source.hpp"
-#include "python/src/py_tensor.hpp"
+#include "dlasync/import.hpp"
+#include "py_errors.hpp"
+#include "py_release.hpp"
+#include "py_source.hpp"
+#include "py_tensor.hpp"
 
 namespace py = pybind11;
 

@@ -19,11 +19,11 @@
 #include <mutex>
 #include <optional>
 
-#include "dlasync/runtime/gpu_stream.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "python/src/py_async.hpp"
-#include "python/src/py_source.hpp"
+#include "dlasync/gpu_stream.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/runtime.hpp"
+#include "py_async.hpp"
+#include "py_source.hpp"
 
 namespace dlasync::python {
 

@@ -1,4 +1,4 @@
-#include "python/src/py_source.hpp"
+#include "py_source.hpp"
 
 #include <Python.h>
 
@@ -7,9 +7,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "python/src/py_errors.hpp"
-#include "python/src/py_release.hpp"
-#include "python/src/py_tensor.hpp"
+#include "py_errors.hpp"
+#include "py_release.hpp"
+#include "py_tensor.hpp"
 
 namespace py = pybind11;
 

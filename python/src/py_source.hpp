@@ -29,9 +29,9 @@
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
-#include "python/src/py_exchange_api.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/tensor.hpp"
+#include "py_exchange_api.hpp"
 
 namespace dlasync::python {
 

@@ -1,4 +1,4 @@
-#include "python/src/py_tensor.hpp"
+#include "py_tensor.hpp"
 
 #include <Python.h>
 
@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "python/src/py_errors.hpp"
-#include "python/src/py_runtime.hpp"
-#include "python/src/py_source.hpp"
+#include "py_errors.hpp"
+#include "py_runtime.hpp"
+#include "py_source.hpp"
 
 namespace py = pybind11;
 

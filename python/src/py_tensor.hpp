@@ -8,7 +8,7 @@
 
 #include <pybind11/pybind11.h>
 
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync::python {
 

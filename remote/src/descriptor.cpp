@@ -1,4 +1,4 @@
-#include "dlasync/remote/descriptor.hpp"
+#include "dlasync/remote.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/transfer/limits.hpp"
+#include "dlasync/limits.hpp"
 
 namespace dlasync {
 namespace {

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "asio/bind_cancellation_slot.hpp"
 #include "asio/post.hpp"
-#include "dlasync/transfer/import.hpp"
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/producer.hpp"
 #include "remote/src/remote_core.hpp"
 
 namespace dlasync::detail {

@@ -1,4 +1,4 @@
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 
 #include <mutex>
 #include <set>
@@ -6,9 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/producer.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/producer.hpp"
 #include "remote/src/remote_core.hpp"
 #include "remote/src/remote_import.hpp"
 
@@ -127,6 +126,11 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
 
 remote_node::remote_node(std::shared_ptr<detail::remote_core> core) noexcept
     : core_(std::move(core)) {}
+
+std::shared_ptr<detail::remote_import> detail::make_remote_import(
+    remote_node& node, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done) {
+  return make_remote_import(*node.core_, std::move(done));
+}
 
 remote_node::~remote_node() {
   shutdown();

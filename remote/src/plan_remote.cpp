@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/producer.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync::remote_detail {

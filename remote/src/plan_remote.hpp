@@ -22,11 +22,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/remote/node.hpp"
-#include "dlasync/runtime/device_registry.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/device_registry.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/src/protocol.hpp"
 
 namespace dlasync::remote_detail {

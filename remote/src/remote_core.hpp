@@ -26,16 +26,15 @@
 #include "asio/any_io_executor.hpp"
 #include "asio/cancellation_signal.hpp"
 #include "asio/steady_timer.hpp"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/remote/node.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/producer.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/producer.hpp"
+#include "dlasync/remote.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/tensor.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
 #include "remote/src/ucx_error.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace dlasync::detail {
 
@@ -212,5 +211,10 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::vector<std::unique_ptr<exporter_endpoint>> failed_endpoints_;
   std::unordered_map<std::uint64_t, std::shared_ptr<remote_import>> imports_;
 };
+
+// The import's operation on `core` (remote_import.cpp); the initiating
+// functions reach it through make_remote_import(remote_node&, ...).
+std::shared_ptr<remote_import> make_remote_import(
+    remote_core& core, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
 
 }  // namespace dlasync::detail

@@ -8,9 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "asio/post.hpp"
-#include "dlasync/transfer/import.hpp"
-#include "dlasync/transfer/import_error.hpp"
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/producer.hpp"
 #include "remote/src/remote_core.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"

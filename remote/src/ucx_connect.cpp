@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "dlasync/remote/ucx_worker.hpp"
 #include "remote/src/ucx_error.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace dlasync {
 namespace {

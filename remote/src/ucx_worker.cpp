@@ -1,4 +1,4 @@
-#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 #include <poll.h>
 

@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/device_buffer.hpp"
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/device_buffer.hpp"
+#include "dlasync/device_registry.hpp"
 
 namespace dlasync {
 

@@ -22,7 +22,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "dlasync/runtime/memory_budget.hpp"
+#include "dlasync/memory_budget.hpp"
 
 namespace dlasync::detail {
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/device.hpp"
+#include "dlasync/device.hpp"
 
 #include "absl/strings/str_cat.h"
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/device_registry.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 
 #include <algorithm>
 
@@ -35,8 +35,8 @@ const char* cuda_support_note() noexcept {
 device_registry::device_registry(process_topology topology, std::vector<served_devices> served)
     : topology_(std::move(topology)), served_(std::move(served)) {}
 
-absl::StatusOr<device_registry> device_registry::create(process_topology topology,
-                                                        std::vector<served_devices> served) {
+absl::StatusOr<device_registry> detail::device_registry_factory::create(
+    process_topology topology, std::vector<served_devices> served) {
   if (absl::Status s = topology.check(); !s.ok()) return s;
   for (std::size_t i = 0; i < served.size(); ++i) {
     if (served[i].count < 0) {
@@ -55,7 +55,8 @@ absl::StatusOr<device_registry> device_registry::create(process_topology topolog
   return device_registry(std::move(topology), std::move(served));
 }
 
-absl::StatusOr<device_registry> device_registry::host_only(process_topology topology) {
+absl::StatusOr<device_registry> detail::device_registry_factory::host_only(
+    process_topology topology) {
   const int host_devices = topology.host_device_count;
   return create(std::move(topology), host_backend_devices(host_devices));
 }

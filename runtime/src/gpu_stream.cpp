@@ -1,4 +1,4 @@
-#include "dlasync/runtime/gpu_stream.hpp"
+#include "dlasync/gpu_stream.hpp"
 
 #include <thread>
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/memory_budget.hpp"
+#include "dlasync/memory_budget.hpp"
 
 #include <vector>
 

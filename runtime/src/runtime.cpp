@@ -1,6 +1,7 @@
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/src/device_registry_factory.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "runtime/src/status_macros.hpp"
 
@@ -24,10 +25,6 @@ const device_registry& runtime::registry() const noexcept {
 
 const runtime_options& runtime::options() const noexcept {
   return core_->options();
-}
-
-memory_budget& runtime::copy_budget() noexcept {
-  return *core_->budget();
 }
 
 bool runtime::accepting() const noexcept {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <exception>
 
+#include "runtime/src/device_registry_factory.hpp"
 #include "runtime/src/status_macros.hpp"
 
 namespace dlasync::detail {
@@ -86,7 +87,8 @@ absl::Status runtime_core::start(const process_topology& topology) {
     serve(*cuda_);
     staging_chunks_ = static_cast<std::uint64_t>(options_.staging_chunks);
   }
-  DLASYNC_ASSIGN_OR_RETURN(device_registry registry, device_registry::create(topology, served));
+  DLASYNC_ASSIGN_OR_RETURN(device_registry registry,
+                           detail::device_registry_factory::create(topology, served));
   registry_.emplace(std::move(registry));
   const auto gpus = static_cast<std::size_t>(cuda_ ? cuda_->device_count() : 0);
   next_stream_ = std::make_unique<std::atomic<std::uint32_t>[]>(

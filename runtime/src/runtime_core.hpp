@@ -1,6 +1,6 @@
 // The runtime's core (internal): everything a `dlasync::runtime` owns, for
 // the transfer layer and the tests to reach. The public class is a facade
-// over it (dlasync/runtime/runtime.hpp says what it promises).
+// over it (dlasync/runtime.hpp says what it promises).
 //
 // It owns, in the order they are built: the options, the releaser that
 // runs producers' deleters, the copy budget, the worker pool, the host
@@ -26,7 +26,8 @@
 #include "absl/status/statusor.h"
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/memory_budget.hpp"
+#include "dlasync/runtime.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/cuda/cuda_api.hpp"
 #include "runtime/src/cuda/cuda_backend.hpp"

@@ -10,7 +10,7 @@
 // Increments are relaxed, but for the completion counts, which release:
 // a reader that acquires them sees the begin (and the outcome) of every
 // import they count, so the snapshot's sums never contradict each other
-// (dlasync/runtime/runtime_stats.hpp).
+// (dlasync/runtime_stats.hpp).
 //
 // Thread safety: all members are safe to call from any thread.
 #pragma once
@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "dlasync/runtime/runtime_stats.hpp"
+#include "dlasync/runtime.hpp"
 
 namespace dlasync::detail {
 

@@ -1,5 +1,5 @@
 // runtime_stats: reading the counters, and the text the examples print.
-#include "dlasync/runtime/runtime_stats.hpp"
+#include "dlasync/runtime.hpp"
 
 #include "absl/strings/str_cat.h"
 #include "runtime/src/runtime_counters.hpp"

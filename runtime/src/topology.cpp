@@ -1,4 +1,4 @@
-#include "dlasync/runtime/topology.hpp"
+#include "dlasync/device_registry.hpp"
 
 #include <charconv>
 #include <cstdlib>

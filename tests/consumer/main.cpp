@@ -8,10 +8,10 @@ int main() {
   int released = 0;
   dlasync::managed_tensor source =
       dlasync::make_managed_tensor({.data = data, .shape = {2, 3}}, [&released] { ++released; });
-  absl::StatusOr<dlasync::device_registry> registry =
-      dlasync::device_registry::host_only(dlasync::process_topology::single_process());
-  if (!registry.ok()) return 1;
-  absl::StatusOr<dlasync::tensor> t = dlasync::import_view(source, {}, *registry);
+  absl::StatusOr<std::unique_ptr<dlasync::runtime>> rt =
+      dlasync::runtime::create({.worker_threads = 1, .cuda = "off"});
+  if (!rt.ok()) return 1;
+  absl::StatusOr<dlasync::tensor> t = dlasync::import_view(source, {}, (*rt)->registry());
   if (!t.ok() || t->element_count() != 6 || t->data() != data || released != 0) {
     std::fprintf(stderr, "import failed\n");
     return 1;

@@ -19,7 +19,7 @@
 #include <string_view>
 
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/descriptor.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/src/plan_remote.hpp"
 
 namespace {

@@ -30,10 +30,10 @@
 #include "asio/io_context.hpp"
 #include "asio/use_future.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/node.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace {
 

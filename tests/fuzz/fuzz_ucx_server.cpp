@@ -46,8 +46,8 @@
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
 #include "frame.hpp"
+#include "remote/src/ucx_worker.hpp"
 #include "ucx_front.hpp"
 
 namespace {

@@ -42,11 +42,11 @@
 
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/remote_support.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace {
 

@@ -13,9 +13,10 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/remote_fixture.hpp"
 #include "remote/remote_support.hpp"
+#include "support/copy_budget.hpp"
 #include "support/runtime_fixture.hpp"
 
 namespace dlasync {
@@ -167,7 +168,7 @@ TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and b
     for (const remote_descriptor& d : ds) {
       fs.push_back(async_import_remote(*in->node, d, {}, asio::use_future));
     }
-    REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() > 0; }));
+    REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() > 0; }));
     in->node->shutdown();
     // What is still held belongs to imports that had landed: whole tensors.
     std::vector<absl::StatusOr<tensor>> results;
@@ -183,9 +184,9 @@ TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and b
         REQUIRE(t.status().code() == absl::StatusCode::kCancelled);
       }
     }
-    CHECK(in->rt->copy_budget().in_use() == landed);
+    CHECK(testing::copy_budget(*in->rt).in_use() == landed);
     results.clear();
-    CHECK(in->rt->copy_budget().in_use() == 0);
+    CHECK(testing::copy_budget(*in->rt).in_use() == 0);
     // The exporter sees the connection go; its publications end with their
     // leases or with it, once each.
     peer->send("quit");
@@ -199,7 +200,8 @@ TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and b
       ps.push_back(publish_here(nodes.out(), "contiguous", {4096, 4096}));
       fs.push_back(async_import_remote(nodes.in(), ps.back()->descriptor, {}, asio::use_future));
     }
-    REQUIRE(testing::eventually([&] { return nodes.importer_->rt->copy_budget().in_use() > 0; }));
+    REQUIRE(testing::eventually(
+        [&] { return testing::copy_budget(*nodes.importer_->rt).in_use() > 0; }));
     std::future<void> down = std::async(std::launch::async, [&] { nodes.in().shutdown(); });
     REQUIRE(down.wait_for(30s) == std::future_status::ready);
     for (auto& f : fs) REQUIRE(f.wait_for(10s) == std::future_status::ready);

@@ -14,7 +14,7 @@
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/remote_support.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"

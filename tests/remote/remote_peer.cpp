@@ -24,7 +24,7 @@
 #include <string>
 
 #include "dlasync/dlasync.hpp"
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 #include "remote/remote_support.hpp"
 
 namespace {

@@ -20,8 +20,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dtype.hpp"
 
 extern char** environ;  // NOLINT(readability-redundant-declaration): POSIX's
 

@@ -2,7 +2,7 @@
 // is tests/remote/remote_peer.cpp), over shared memory and over TCP on
 // loopback, and the node's contract within one process. Every wait is
 // bounded; every producer deleter is counted.
-#include "dlasync/remote/node.hpp"
+#include "dlasync/remote.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -22,6 +22,7 @@
 #include "dlasync/dlasync.hpp"
 #include "remote/remote_fixture.hpp"
 #include "remote/remote_support.hpp"
+#include "support/copy_budget.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_runtime.hpp"
 #include "support/test_tensors.hpp"
@@ -93,7 +94,7 @@ TEST_CASE("every dtype and layout crosses from another process intact", "[remote
   REQUIRE(peer_reaches(*peer, "deleted", published));
   REQUIRE(peer_count(*peer, "publications") == 0);
   // The copies here were dropped, and gave their budget back.
-  REQUIRE(in->rt->copy_budget().in_use() == 0);
+  REQUIRE(testing::copy_budget(*in->rt).in_use() == 0);
   REQUIRE(peer->ask("quit") == "bye " + std::to_string(published));
   REQUIRE(peer->wait_exit() == 0);
 }
@@ -110,9 +111,9 @@ TEST_CASE("a 256 MiB tensor crosses from another process intact", "[remote][ucx]
   REQUIRE(t.ok());
   REQUIRE(t->byte_size() == 256ull << 20);
   check_bytes(*t, "contiguous", {8192, 8192}, dtypes::float32, 7);
-  REQUIRE(in->rt->copy_budget().in_use() == 256ull << 20);
+  REQUIRE(testing::copy_budget(*in->rt).in_use() == 256ull << 20);
   *t = tensor();
-  REQUIRE(in->rt->copy_budget().in_use() == 0);
+  REQUIRE(testing::copy_budget(*in->rt).in_use() == 0);
   REQUIRE(peer_reaches(*peer, "deleted", 1));
 }
 
@@ -149,7 +150,7 @@ TEST_CASE("1,000 concurrent remote imports all arrive, and every producer is rel
   REQUIRE(wrong.load() == 0);
   REQUIRE(peer_reaches(*peer, "deleted", n));
   REQUIRE(in->node->imports_in_flight() == 0);
-  REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() == 0; }));
+  REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
 }
 
 TEST_CASE("a cancelled remote import ends with Cancelled, frees its memory and releases its hold",
@@ -197,7 +198,7 @@ TEST_CASE("a cancelled remote import ends with Cancelled, frees its memory and r
   REQUIRE(cancelled > 0);
   // Every hold is released (or its lease ends), every producer freed once.
   REQUIRE(peer_reaches(*peer, "deleted", published));
-  REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() == 0; }));
+  REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
   REQUIRE(testing::eventually([&] { return in->node->imports_in_flight() == 0; }));
 }
 
@@ -225,7 +226,7 @@ TEST_CASE("an exporter killed during the transfer gives the importer a clear err
       }
     }
     REQUIRE(errors > 0);
-    REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() == 0; }));
+    REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
     REQUIRE(testing::eventually([&] { return in->node->imports_in_flight() == 0; }));
   }
   SECTION("over shared memory alone, which cannot: import_timeout bounds it") {
@@ -246,7 +247,7 @@ TEST_CASE("an exporter killed during the transfer gives the importer a clear err
     REQUIRE_FALSE(t.ok());
     REQUIRE((t.status().code() == absl::StatusCode::kDeadlineExceeded ||
              t.status().code() == absl::StatusCode::kUnavailable));
-    REQUIRE(testing::eventually([&] { return in->rt->copy_budget().in_use() == 0; }));
+    REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
   }
 }
 

@@ -10,7 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include "asio/io_context.hpp"
-#include "dlasync/remote/ucx_worker.hpp"
+#include "remote/src/ucx_worker.hpp"
 
 namespace dlasync {
 namespace {

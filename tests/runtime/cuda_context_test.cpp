@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/dlpack_stream.hpp"
+#include "dlasync/dlpack_stream.hpp"
 #include "runtime/sim/sim_api.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/work_pool.hpp"

@@ -1,6 +1,7 @@
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device_registry.hpp"
 
 #include "catch2/catch.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync {
@@ -24,7 +25,7 @@ process_topology second_of_two(int cuda_per_node) {
 TEST_CASE("the host backend serves its host devices and reads pinned memory",
           "[runtime][registry]") {
   absl::StatusOr<device_registry> r =
-      device_registry::host_only(process_topology::single_process(2));
+      detail::device_registry_factory::host_only(process_topology::single_process(2));
   REQUIRE(r.ok());
   CHECK(r->addressable_list() == "cpu:0, cpu:1, cuda_host:0");
   CHECK(r->served_list() == "cpu (host backend, 2 devices), cuda_host (host backend, 1 device)");
@@ -37,7 +38,7 @@ TEST_CASE("the host backend serves its host devices and reads pinned memory",
 TEST_CASE("a device kind no backend serves is refused listing what is served",
           "[runtime][registry]") {
   absl::StatusOr<device_registry> r =
-      device_registry::host_only(process_topology::single_process());
+      detail::device_registry_factory::host_only(process_topology::single_process());
   REQUIRE(r.ok());
   require_status(r->check_device({device_kind::opencl, 0}, "source"),
                  absl::StatusCode::kUnimplemented,
@@ -48,7 +49,7 @@ TEST_CASE("a device kind no backend serves is refused listing what is served",
 
 TEST_CASE("unknown device types and negative ordinals are invalid", "[runtime][registry]") {
   absl::StatusOr<device_registry> r =
-      device_registry::host_only(process_topology::single_process());
+      detail::device_registry_factory::host_only(process_topology::single_process());
   REQUIRE(r.ok());
   require_status(r->check_device({static_cast<device_kind>(6), 0}, "source"),
                  absl::StatusCode::kInvalidArgument, {"device type 6", "not a DLPack device type"});
@@ -58,14 +59,14 @@ TEST_CASE("unknown device types and negative ordinals are invalid", "[runtime][r
 
 TEST_CASE("an ordinal beyond the served devices is not found", "[runtime][registry]") {
   absl::StatusOr<device_registry> r =
-      device_registry::host_only(process_topology::single_process(2));
+      detail::device_registry_factory::host_only(process_topology::single_process(2));
   REQUIRE(r.ok());
   require_status(r->check_device({device_kind::cpu, 2}, "target"), absl::StatusCode::kNotFound,
                  {"cpu:2", "2 devices", "addresses cpu:0, cpu:1"});
 }
 
 TEST_CASE("a CUDA device of another process is refused naming its owner", "[runtime][registry]") {
-  absl::StatusOr<device_registry> r = device_registry::host_only(second_of_two(2));
+  absl::StatusOr<device_registry> r = detail::device_registry_factory::host_only(second_of_two(2));
   REQUIRE(r.ok());
   require_status(r->check_device({device_kind::cuda, 0}, "source"),
                  absl::StatusCode::kFailedPrecondition,
@@ -80,7 +81,7 @@ TEST_CASE("a CUDA backend's devices are split among the node's processes", "[run
   process_topology t = second_of_two(4);
   std::vector<served_devices> served = host_backend_devices(1);
   served.push_back({"cuda (simulated)", device_kind::cuda, 4, true});
-  absl::StatusOr<device_registry> r = device_registry::create(t, served);
+  absl::StatusOr<device_registry> r = detail::device_registry_factory::create(t, served);
   REQUIRE(r.ok());
   CHECK(r->addressable_list() == "cpu:0, cuda:1, cuda:3, cuda_host:0");
   CHECK(r->check_device({device_kind::cuda, 3}, "target").ok());
@@ -102,7 +103,7 @@ TEST_CASE("managed memory of another process's GPU is refused like the GPU itsel
   std::vector<served_devices> served = host_backend_devices(1);
   served.push_back({"cuda (simulated)", device_kind::cuda, 4, true});
   served.push_back({"cuda (simulated)", device_kind::cuda_managed, 4, false});
-  absl::StatusOr<device_registry> r = device_registry::create(t, served);
+  absl::StatusOr<device_registry> r = detail::device_registry_factory::create(t, served);
   REQUIRE(r.ok());
   require_status(r->check_device({device_kind::cuda_managed, 0}, "source"),
                  absl::StatusCode::kFailedPrecondition,
@@ -120,15 +121,16 @@ TEST_CASE("managed memory of another process's GPU is refused like the GPU itsel
 TEST_CASE("a registry refuses contradicting backends", "[runtime][registry]") {
   std::vector<served_devices> served = host_backend_devices(1);
   served.push_back({"other", device_kind::cpu, 1, true});
-  require_status(device_registry::create(process_topology{}, served).status(),
+  require_status(detail::device_registry_factory::create(process_topology{}, served).status(),
                  absl::StatusCode::kInvalidArgument, {"cpu", "both backend host", "other"});
-  require_status(
-      device_registry::create(process_topology{}, {{"host", device_kind::cpu, -1, true}}).status(),
-      absl::StatusCode::kInvalidArgument, {"-1"});
+  require_status(detail::device_registry_factory::create(process_topology{},
+                                                         {{"host", device_kind::cpu, -1, true}})
+                     .status(),
+                 absl::StatusCode::kInvalidArgument, {"-1"});
   process_topology bad;
   bad.world_size = 0;
-  require_status(device_registry::host_only(bad).status(), absl::StatusCode::kInvalidArgument,
-                 {"world size 0"});
+  require_status(detail::device_registry_factory::host_only(bad).status(),
+                 absl::StatusCode::kInvalidArgument, {"world size 0"});
 }
 
 }  // namespace dlasync

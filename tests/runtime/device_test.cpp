@@ -1,4 +1,4 @@
-#include "dlasync/runtime/device.hpp"
+#include "dlasync/device.hpp"
 
 #include <sstream>
 

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/gpu_stream.hpp"
+#include "dlasync/gpu_stream.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -10,7 +10,7 @@
 
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_reports.hpp"
 #include "support/test_tensors.hpp"

@@ -1,4 +1,4 @@
-#include "dlasync/runtime/runtime_stats.hpp"
+#include "dlasync/runtime.hpp"
 
 #include <atomic>
 #include <chrono>

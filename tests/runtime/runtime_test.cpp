@@ -1,4 +1,4 @@
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 
 #include <atomic>
 #include <chrono>

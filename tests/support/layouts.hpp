@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "dlasync/transfer/dtype.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/dtype.hpp"
+#include "dlasync/tensor.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::testing {

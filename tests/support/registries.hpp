@@ -3,7 +3,8 @@
 #pragma once
 
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/device_registry.hpp"
+#include "dlasync/device_registry.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 
 namespace dlasync::testing {
 
@@ -11,7 +12,7 @@ namespace dlasync::testing {
 // backend.
 inline device_registry host_registry(int host_devices = 2) {
   absl::StatusOr<device_registry> r =
-      device_registry::host_only(process_topology::single_process(host_devices));
+      detail::device_registry_factory::host_only(process_topology::single_process(host_devices));
   REQUIRE(r.ok());
   return *std::move(r);
 }

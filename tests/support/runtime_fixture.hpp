@@ -11,7 +11,7 @@
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 #include "support/sim_runtime.hpp"
 #include "support/test_tensors.hpp"
 

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 #include "runtime/sim/sim_api.hpp"
 #include "runtime/src/runtime_core.hpp"
 

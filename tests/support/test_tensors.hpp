@@ -17,10 +17,9 @@
 
 #include "absl/status/status.h"
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/dlpack.hpp"
-#include "dlasync/transfer/dtype.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/dtype.hpp"
+#include "dlasync/producer.hpp"
 
 namespace dlasync::testing {
 

@@ -24,8 +24,9 @@
 #include "asio/use_awaitable.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "support/copy_budget.hpp"
 #include "support/cuda_scenarios.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_reports.hpp"
@@ -110,7 +111,7 @@ TEST_CASE("a batch whose copies exceed the whole budget together is refused, not
     CHECK_FALSE(sources[i].empty());
     CHECK(counts[i].calls == 0);
   }
-  CHECK(rt->copy_budget().in_use() == 0);
+  CHECK(testing::copy_budget(*rt).in_use() == 0);
   sources.clear();
   for (deleter_count& c : counts) CHECK(c.calls == 1);
 }
@@ -134,8 +135,8 @@ TEST_CASE("a batch reserves its members' budget together and never deadlocks on 
   std::future<std::vector<absl::StatusOr<tensor>>> batch =
       async_import_dlpack_batch(*rt, sources, onto(second_cpu), asio::use_future);
   for (const managed_tensor& s : sources) CHECK(s.empty());  // validated and taken
-  CHECK(rt->copy_budget().waiting() == 1);                   // one reservation for all
-  CHECK(rt->copy_budget().in_use() == 64 * kib);
+  CHECK(testing::copy_budget(*rt).waiting() == 1);           // one reservation for all
+  CHECK(testing::copy_budget(*rt).in_use() == 64 * kib);
   held = tensor();  // frees 64 KiB: the batch's 90 KiB now fit
   REQUIRE(batch.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   std::vector<absl::StatusOr<tensor>> results = batch.get();
@@ -145,9 +146,9 @@ TEST_CASE("a batch reserves its members' budget together and never deadlocks on 
     CHECK(static_cast<const float*>(r->data())[100] == 100.0f);
   }
   for (deleter_count& c : counts) CHECK(testing::released(c));
-  CHECK(rt->copy_budget().in_use() == 90 * kib);
+  CHECK(testing::copy_budget(*rt).in_use() == 90 * kib);
   results.clear();
-  CHECK(rt->copy_budget().in_use() == 0);
+  CHECK(testing::copy_budget(*rt).in_use() == 0);
 }
 
 TEST_CASE("cancelling a batch that waits for its budget releases every member",
@@ -165,14 +166,14 @@ TEST_CASE("cancelling a batch that waits for its budget releases every member",
   std::vector<managed_tensor> sources;
   asio::cancellation_signal signal;
   auto got = start_cancellable_batch(*rt, small, counts, sources, onto(second_cpu), signal);
-  CHECK(rt->copy_budget().waiting() == 1);
+  CHECK(testing::copy_budget(*rt).waiting() == 1);
   signal.emit(asio::cancellation_type::terminal);
   std::vector<absl::StatusOr<tensor>> results = got.get();
   for (const absl::StatusOr<tensor>& r : results) {
     require_status(r.status(), absl::StatusCode::kCancelled, {"waited for copy memory budget"});
   }
   for (deleter_count& c : counts) CHECK(testing::released(c));
-  CHECK(rt->copy_budget().waiting() == 0);
+  CHECK(testing::copy_budget(*rt).waiting() == 0);
   CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
 }
 
@@ -223,13 +224,13 @@ TEST_CASE("terminal and partial cancellation stop an import; total is not honour
                         got.set_value(std::move(t));
                       }));
   CHECK(source.empty());  // consumed when it started
-  CHECK(rt->copy_budget().waiting() == 1);
+  CHECK(testing::copy_budget(*rt).waiting() == 1);
   signal.emit(type);
   std::future<absl::StatusOr<tensor>> result = got.get_future();
   if (type == asio::cancellation_type::total) {
     // No side effect is possible once the source is consumed: the import
     // goes on, and completes once the budget has room.
-    CHECK(rt->copy_budget().waiting() == 1);
+    CHECK(testing::copy_budget(*rt).waiting() == 1);
     CHECK(count.calls == 0);
     held = tensor();
     absl::StatusOr<tensor> t = result.get();
@@ -238,7 +239,7 @@ TEST_CASE("terminal and partial cancellation stop an import; total is not honour
   } else {
     require_status(result.get().status(), absl::StatusCode::kCancelled,
                    {"cancelled", "waited for copy memory budget", "released"});
-    CHECK(rt->copy_budget().waiting() == 0);
+    CHECK(testing::copy_budget(*rt).waiting() == 0);
   }
   CHECK(testing::released(count));
 }
@@ -335,7 +336,7 @@ TEST_CASE("concurrent shutdowns all return after every deleter has run",
   managed_tensor source = make_tensor(small.spec, slow);
   std::future<absl::StatusOr<tensor>> waiting =
       async_import_dlpack(*rt, source, onto(second_cpu), asio::use_future);
-  REQUIRE(rt->copy_budget().waiting() == 1);
+  REQUIRE(testing::copy_budget(*rt).waiting() == 1);
 
   std::atomic<int> returned_before_deleter{0};
   std::vector<std::thread> callers;

@@ -11,7 +11,7 @@
 
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/sim_runtime.hpp"
 #include "support/test_tensors.hpp"

@@ -1,7 +1,6 @@
-#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/dlpack.hpp"
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/dtype.hpp"
 
 #include "catch2/catch.hpp"
 #include "support/test_tensors.hpp"

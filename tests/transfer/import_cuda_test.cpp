@@ -11,6 +11,7 @@
 #include "asio/io_context.hpp"
 #include "catch2/catch.hpp"
 #include "runtime/sim/sim_api.hpp"
+#include "support/copy_budget.hpp"
 #include "support/cuda_scenarios.hpp"
 
 namespace dlasync {
@@ -341,7 +342,7 @@ TEST_CASE("running out of GPU memory fails the import cleanly", "[cuda][import][
   require_status(import_now(*r.rt, source, o).status(), absl::StatusCode::kResourceExhausted,
                  {"cudaMallocAsync", "cuda:0", "cudaErrorMemoryAllocation"});
   CHECK(testing::released(count));
-  CHECK(r.rt->copy_budget().in_use() == 0);
+  CHECK(testing::copy_budget(*r.rt).in_use() == 0);
 }
 
 TEST_CASE("a CUDA error mid-pipeline fails that import only, with the call named",

@@ -1,4 +1,4 @@
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 
 #include <condition_variable>
 #include <future>
@@ -19,6 +19,7 @@
 #include "asio/steady_timer.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
+#include "support/copy_budget.hpp"
 #include "support/layouts.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
@@ -85,13 +86,13 @@ TEST_CASE("a small host copy completes without suspending, its source released",
         const float* out = static_cast<const float*>(t->data());
         CHECK(out[1] == 16.0f);  // row 0 of the transpose: 0, 16, 32, ...
         CHECK(out[16] == 1.0f);
-        CHECK(rt->copy_budget().in_use() == 16 * 16 * 4);
+        CHECK(testing::copy_budget(*rt).in_use() == 16 * 16 * 4);
         done = true;
       },
       asio::detached);
   io.run_one();  // the spawn itself: the copy needs no second turn
   CHECK(done);
-  CHECK(rt->copy_budget().in_use() == 0);  // returned with the tensor
+  CHECK(testing::copy_budget(*rt).in_use() == 0);  // returned with the tensor
   CHECK(rt->in_flight() == 0);
 }
 
@@ -107,9 +108,9 @@ TEST_CASE("small copies go to the workers when inline copies are off or the budg
     std::uint64_t ticket = 0;
     if (!off) {
       // Someone waits for the budget: a small copy must not overtake it.
-      REQUIRE(rt->copy_budget().try_acquire(4096));
-      ticket = rt->copy_budget().acquire(4096, [](const absl::Status&) {});
-      REQUIRE(rt->copy_budget().waiting() == 1);
+      REQUIRE(testing::copy_budget(*rt).try_acquire(4096));
+      ticket = testing::copy_budget(*rt).acquire(4096, [](const absl::Status&) {});
+      REQUIRE(testing::copy_budget(*rt).waiting() == 1);
     }
     matrix_source m(4, 4);
     deleter_count count;
@@ -127,8 +128,8 @@ TEST_CASE("small copies go to the workers when inline copies are off or the budg
     io.run_one();
     CHECK_FALSE(done);  // suspended: the copy went the asynchronous way
     if (!off) {
-      CHECK(rt->copy_budget().cancel(ticket, absl::CancelledError("test")));
-      rt->copy_budget().release(4096);
+      CHECK(testing::copy_budget(*rt).cancel(ticket, absl::CancelledError("test")));
+      testing::copy_budget(*rt).release(4096);
     }
     io.run();
     CHECK(done);
@@ -509,7 +510,7 @@ TEST_CASE("cancelling an import that waits for budget releases it at once",
   absl::StatusOr<tensor> held =
       async_import_dlpack(*rt, held_source, to_second_cpu(), asio::use_future).get();
   REQUIRE(held.ok());
-  CHECK(rt->copy_budget().in_use() == 1024);
+  CHECK(testing::copy_budget(*rt).in_use() == 1024);
 
   deleter_count count;
   managed_tensor source = make_tensor(m.spec, count);
@@ -521,15 +522,15 @@ TEST_CASE("cancelling an import that waits for budget releases it at once",
                           signal.slot(), asio::bind_executor(io, [&](absl::StatusOr<tensor> t) {
                             result = std::move(t);
                           })));
-  CHECK(rt->copy_budget().waiting() == 1);
+  CHECK(testing::copy_budget(*rt).waiting() == 1);
   signal.emit(asio::cancellation_type::terminal);
   io.run();
   require_status(result.status(), absl::StatusCode::kCancelled,
                  {"cancelled", "waited for copy memory budget", "released"});
   CHECK(testing::released(count));
-  CHECK(rt->copy_budget().waiting() == 0);
+  CHECK(testing::copy_budget(*rt).waiting() == 0);
   held = absl::UnknownError("dropped");
-  CHECK(rt->copy_budget().in_use() == 0);
+  CHECK(testing::copy_budget(*rt).in_use() == 0);
 }
 
 TEST_CASE("cancelling during a copy frees the partial copy and releases the source",
@@ -569,7 +570,7 @@ TEST_CASE("cancelling during a copy frees the partial copy and releases the sour
                  {"during its copy", "partial copy was freed"});
   CHECK(testing::released(count));
   CHECK(pieces.load() < 16);  // stopped early
-  CHECK(rt->copy_budget().in_use() == 0);
+  CHECK(testing::copy_budget(*rt).in_use() == 0);
   // The operation ends just after it delivers its handler.
   CHECK(testing::eventually([&] { return rt->in_flight() == 0; }));
 }

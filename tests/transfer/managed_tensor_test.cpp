@@ -1,4 +1,4 @@
-#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/dlpack.hpp"
 
 #include "catch2/catch.hpp"
 #include "support/test_tensors.hpp"

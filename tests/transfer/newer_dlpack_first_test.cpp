@@ -5,6 +5,7 @@
 #include "dlasync/dlasync.hpp"
 
 #include "catch2/catch.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 
 #ifndef DLASYNC_TEST_NEWER_DLPACK
 #error "the stand-in newer dlpack.h was not the one included"
@@ -37,8 +38,8 @@ TEST_CASE("a newer dlpack.h included first is used", "[transfer][dlpack]") {
   m.dl_tensor.shape = shape;
   {
     dlasync::managed_tensor source(&m);
-    const dlasync::device_registry registry =
-        *dlasync::device_registry::host_only(dlasync::process_topology::single_process());
+    const dlasync::device_registry registry = *dlasync::detail::device_registry_factory::host_only(
+        dlasync::process_topology::single_process());
     absl::StatusOr<dlasync::tensor> t = dlasync::import_view(source, {}, registry);
     REQUIRE(t.ok());
     CHECK(t->dtype() == dlasync::dtypes::bool8);

@@ -1,11 +1,11 @@
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/producer.hpp"
 
 #include <atomic>
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/tensor.hpp"
 #include "support/registries.hpp"
 
 namespace dlasync {

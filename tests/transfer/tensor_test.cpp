@@ -1,4 +1,5 @@
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
+#include "dlasync/import.hpp"
 
 #include <cstring>
 #include <numeric>

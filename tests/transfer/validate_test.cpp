@@ -1,10 +1,11 @@
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import.hpp"
 
 #include <cstdint>
 #include <limits>
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 #include "support/registries.hpp"
 #include "support/test_tensors.hpp"
 
@@ -244,7 +245,7 @@ TEST_CASE("devices of another process are refused naming the owner", "[transfer]
   t.local_rank = 1;
   t.local_world_size = 2;
   t.cuda_devices_per_node = 2;
-  const device_registry registry = *device_registry::host_only(t);
+  const device_registry registry = *detail::device_registry_factory::host_only(t);
   tensor_spec s = matrix();
   s.device = {device_kind::cuda, 0};
   require_refused(s, {}, registry, absl::StatusCode::kFailedPrecondition,

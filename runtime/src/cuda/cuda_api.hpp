@@ -32,7 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/runtime_options.hpp"
+#include "dlasync/runtime.hpp"
 
 namespace dlasync::cuda {
 

@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/runtime/dlpack_stream.hpp"
+#include "dlasync/dlpack_stream.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/planted.hpp"
 #include "runtime/src/status_macros.hpp"

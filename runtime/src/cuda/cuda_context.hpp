@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device.hpp"
+#include "dlasync/device.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/cuda/chunk_pool.hpp"
 #include "runtime/src/cuda/cuda_api.hpp"

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/src/device_registry_factory.hpp"
 #include "runtime/src/host/host_block_cache.hpp"
 
 namespace dlasync::detail {

@@ -7,7 +7,8 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::detail {
@@ -50,8 +51,8 @@ device_registry gpu_registry() {
   std::vector<served_devices> served = host_backend_devices(2);
   served.push_back({"cuda (simulated)", device_kind::cuda, 2, true});
   served.push_back({"cuda (simulated)", device_kind::cuda_managed, 2, true});
-  absl::StatusOr<device_registry> r =
-      device_registry::create(process_topology::single_process(2), std::move(served));
+  absl::StatusOr<device_registry> r = detail::device_registry_factory::create(
+      process_topology::single_process(2), std::move(served));
   REQUIRE(r.ok());
   return *std::move(r);
 }

@@ -8,8 +8,8 @@
 #include <memory>
 #include <optional>
 
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/dlpack_stream.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack_stream.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"

@@ -1,4 +1,4 @@
-#include "dlasync/transfer/dtype.hpp"
+#include "dlasync/dtype.hpp"
 
 #include "absl/strings/str_cat.h"
 

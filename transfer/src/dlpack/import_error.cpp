@@ -1,4 +1,4 @@
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
 
 #include <vector>
 

@@ -1,4 +1,4 @@
-#include "dlasync/transfer/producer.hpp"
+#include "dlasync/producer.hpp"
 
 #include <utility>
 

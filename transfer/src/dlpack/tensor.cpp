@@ -1,9 +1,9 @@
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/tensor.hpp"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
 #include "transfer/src/dlpack/block_cache.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/layout/strided_layout.hpp"

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <span>
 
-#include "dlasync/runtime/device_buffer.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/device_buffer.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync::detail {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "dlasync/transfer/detail/import_initiation.hpp"
+#include "dlasync/detail/import_initiation.hpp"
 #include "transfer/src/import/import_operation.hpp"
 
 namespace dlasync::detail {

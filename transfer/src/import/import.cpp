@@ -1,10 +1,9 @@
-#include "dlasync/transfer/import.hpp"
+#include "dlasync/import.hpp"
 
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
-#include "dlasync/transfer/import_error.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <thread>
 
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/validate/layout.hpp"
 

@@ -12,7 +12,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
-#include "dlasync/runtime/device_buffer.hpp"
+#include "dlasync/device_buffer.hpp"
 #include "runtime/src/budget_wait.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/transfer_path.hpp"

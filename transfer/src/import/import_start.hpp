@@ -6,9 +6,9 @@
 #include <memory>
 #include <optional>
 
-#include "dlasync/transfer/detail/import_initiation.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/detail/import_initiation.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
 #include "runtime/src/completion_marker.hpp"
 #include "transfer/src/plan/transfer_plan.hpp"
 

@@ -1,6 +1,6 @@
 // Small host copies done on the calling thread (detail::copy_inline).
 #include "absl/container/inlined_vector.h"
-#include "dlasync/transfer/import_error.hpp"
+#include "dlasync/import.hpp"
 #include "runtime/src/runtime_core.hpp"
 #include "transfer/src/copy/host_copy.hpp"
 #include "transfer/src/copy/transfer_path.hpp"

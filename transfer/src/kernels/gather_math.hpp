@@ -40,7 +40,7 @@
 
 #include <cstdint>
 
-#include "dlasync/transfer/limits.hpp"
+#include "dlasync/limits.hpp"
 
 #if defined(__CUDACC__)
 #define DLASYNC_HOST_DEVICE __host__ __device__

@@ -27,7 +27,7 @@
 #include <cstdint>
 
 #include "absl/container/inlined_vector.h"
-#include "dlasync/transfer/limits.hpp"
+#include "dlasync/limits.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync {

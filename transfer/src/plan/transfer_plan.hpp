@@ -33,9 +33,9 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dlpack.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync::detail {

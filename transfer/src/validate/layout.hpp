@@ -7,9 +7,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dlpack.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import.hpp"
 
 namespace dlasync::detail {
 

@@ -1,4 +1,4 @@
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/import.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "dlasync/transfer/import_error.hpp"
+#include "runtime/src/device_registry_factory.hpp"
 #include "runtime/src/status_macros.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 #include "transfer/src/validate/layout.hpp"

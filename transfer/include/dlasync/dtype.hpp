@@ -1,4 +1,4 @@
-// dlasync/transfer/dtype.hpp
+// dlasync/dtype.hpp
 //
 // `dlasync::dtype` is DLPack's `DLDataType` as a value with names: all type
 // codes of DLPack 1.3 (integers, floats, bfloat16, complex, bool, the float8,
@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "dlasync/transfer/dlpack.hpp"
+#include "dlasync/dlpack.hpp"
 
 namespace dlasync {
 

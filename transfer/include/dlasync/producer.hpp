@@ -1,4 +1,4 @@
-// dlasync/transfer/producer.hpp
+// dlasync/producer.hpp
 //
 // Producing DLPack tensors. `make_managed_tensor` describes memory that the
 // caller owns as a DLPack managed tensor, as a framework or a network stack
@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/transfer/dtype.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/dtype.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/runtime/dlpack_stream.hpp
+// dlasync/dlpack_stream.hpp
 //
 // DLPack's stream values: how `__dlpack__(stream=...)` and dlasync's import
 // options name a CUDA stream. A value is an integer: -1 asks for no

@@ -1,4 +1,4 @@
-// dlasync/remote/ucx_worker.hpp
+// remote/src/ucx_worker.hpp
 //
 // `dlasync::ucx_worker` is one UCX context and worker driven from an Asio
 // executor: what a remote_node runs on, and what a program that speaks its

@@ -1,9 +1,9 @@
-// dlasync/runtime/device.hpp
+// dlasync/device.hpp
 //
 // A `dlasync::device` names one memory space that tensors live in: a kind
 // (CPU, CUDA, pinned CUDA host memory, ...) and an ordinal within that kind.
 // The kind's numbers are DLPack's device-type codes, so a device converts to
-// and from `DLDevice` without a table (see dlasync/transfer/dlpack.hpp).
+// and from `DLDevice` without a table (see dlasync/dlpack.hpp).
 //
 // Example:
 //

@@ -1,4 +1,4 @@
-// dlasync/remote/detail/remote_initiation.hpp
+// dlasync/detail/remote_initiation.hpp
 //
 // Plumbing for async_import_remote (node.hpp): the operation lives in the
 // library (remote/src/); its result reaches an Asio completion handler on
@@ -11,16 +11,19 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "asio/associated_cancellation_slot.hpp"
-#include "dlasync/remote/descriptor.hpp"
-#include "dlasync/runtime/detail/deliver.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/detail/import_initiation.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/detail/deliver.hpp"
+#include "dlasync/detail/import_initiation.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/tensor.hpp"
+
+namespace dlasync {
+struct remote_descriptor;
+class remote_node;
+}  // namespace dlasync
 
 namespace dlasync::detail {
 
-class remote_core;
 class remote_import;
 
 // One remote import, made first and then started, so that the caller's
@@ -30,7 +33,7 @@ class remote_import;
 // the starting thread when validation refuses (deliver_to posts the
 // handler onwards in every case).
 std::shared_ptr<remote_import> make_remote_import(
-    remote_core& core, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
+    remote_node& node, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
 // Validates `descriptor` against `options`, then asks for the hold and
 // fetches.
 void start(const std::shared_ptr<remote_import>& op, const remote_descriptor& descriptor,
@@ -39,7 +42,7 @@ void start(const std::shared_ptr<remote_import>& op, const remote_descriptor& de
 void cancel(remote_import& op);
 
 struct initiate_remote_import {
-  remote_core* core;
+  remote_node* node;
   runtime* rt;
 
   template <typename Handler>
@@ -48,7 +51,7 @@ struct initiate_remote_import {
     auto h = std::forward<Handler>(handler);
     auto slot = asio::get_associated_cancellation_slot(h);
     std::shared_ptr<remote_import> op =
-        make_remote_import(*core, deliver_to<absl::StatusOr<tensor>>(std::move(h), *rt));
+        make_remote_import(*node, deliver_to<absl::StatusOr<tensor>>(std::move(h), *rt));
     assign_cancellation(slot, op);
     start(op, descriptor, options);
   }

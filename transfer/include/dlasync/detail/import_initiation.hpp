@@ -1,6 +1,6 @@
-// dlasync/transfer/detail/import_initiation.hpp
+// dlasync/detail/import_initiation.hpp
 //
-// Plumbing for the initiating functions of dlasync/transfer/import.hpp:
+// Plumbing for the initiating functions of dlasync/import.hpp:
 // validation up front, then an operation whose result reaches an Asio
 // completion handler. The operations themselves are defined in the
 // library (transfer/src/import/). Not for direct use.
@@ -19,11 +19,11 @@
 #include "asio/async_result.hpp"
 #include "asio/cancellation_type.hpp"
 #include "asio/experimental/deferred.hpp"
-#include "dlasync/runtime/detail/deliver.hpp"
-#include "dlasync/runtime/runtime.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/tensor.hpp"
+#include "dlasync/detail/deliver.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/import_options.hpp"
+#include "dlasync/runtime.hpp"
+#include "dlasync/tensor.hpp"
 
 namespace dlasync::detail {
 

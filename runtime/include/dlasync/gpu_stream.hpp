@@ -1,4 +1,4 @@
-// dlasync/runtime/gpu_stream.hpp
+// dlasync/gpu_stream.hpp
 //
 // `dlasync::gpu_stream` owns one CUDA stream of one GPU of a runtime, real
 // or simulated: a stream for the caller's own work. Its DLPack value
@@ -35,10 +35,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "asio/async_result.hpp"
-#include "dlasync/runtime/detail/deliver.hpp"
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/dlpack_stream.hpp"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/detail/deliver.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack_stream.hpp"
+#include "dlasync/runtime.hpp"
 
 namespace dlasync {
 
@@ -116,7 +116,7 @@ class gpu_stream {
 // Waits without blocking a thread until the work enqueued so far on the
 // stream `stream` of GPU `gpu` has run: any stream of the caller's, given
 // as DLPack encodes it (a cudaStream_t as an integer, or 1 or 2 for the
-// default streams; see dlasync/runtime/dlpack_stream.hpp).
+// default streams; see dlasync/dlpack_stream.hpp).
 //
 // Returns immediately. The handler is called exactly once, never from
 // inside this function, on its associated executor (the runtime's when it

@@ -1,4 +1,4 @@
-// dlasync/runtime/detail/deliver.hpp
+// dlasync/detail/deliver.hpp
 //
 // Plumbing for dlasync's Asio initiating functions: a completion that
 // arrives on any thread (a worker, the CUDA reactor) is handed to the
@@ -13,7 +13,7 @@
 #include "asio/execution/outstanding_work.hpp"
 #include "asio/post.hpp"
 #include "asio/prefer.hpp"
-#include "dlasync/runtime/runtime.hpp"
+#include "dlasync/runtime.hpp"
 
 namespace dlasync::detail {
 

@@ -1,4 +1,4 @@
-// dlasync/runtime/memory_budget.hpp
+// dlasync/memory_budget.hpp
 //
 // `dlasync::memory_budget` bounds the bytes that copies may hold at once.
 // A request that fits is granted at once; one that does not waits, in

@@ -1,5 +1,39 @@
-// dlasync/runtime/topology.hpp
+// dlasync/device_registry.hpp
 //
+// `dlasync::device_registry` knows which devices exist in the job, which of
+// them this process may address, and which backend serves each device kind
+// in this build. Every import asks it about the source and the target
+// device before it consumes a tensor.
+//
+// Example:
+//
+//   const dlasync::device_registry& registry = rt->registry();
+//   registry.check_device({dlasync::device_kind::cpu, 1}, "target");  // OK
+//   registry.check_device({dlasync::device_kind::cuda, 0}, "source");
+//   // Unimplemented: "source device cuda:0 is not served by this build ..."
+//
+// A runtime makes its registry; users read it (runtime::registry()).
+// A backend announces what it serves as `served_devices` entries; the host
+// backend serves CPU memory and reads pinned CUDA host memory, and the CUDA
+// backend adds its kinds when it is built and finds devices.
+//
+// Thread safety: a registry is immutable after creation; distinct and shared
+// objects are safe to use from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dlasync/device.hpp"
+
+namespace dlasync {
+
 // `dlasync::process_topology` says where this process stands among the
 // processes of a job (its rank, the ranks on its node) and which devices it
 // may address. Imports refuse a tensor on a device that belongs to another
@@ -30,18 +64,6 @@
 // 8 ranks on 8 GPUs). Ranks are assumed to be laid out node by node, so the
 // owner of ordinal d has global rank (rank - local_rank) + d % local_world_size.
 // Host devices are private to each process: every process has its own cpu:0.
-#pragma once
-
-#include <cstdint>
-#include <functional>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-
-namespace dlasync {
 
 // The largest number of virtual host devices a process may configure.
 inline constexpr int max_host_devices = 1024;
@@ -87,6 +109,53 @@ struct process_topology {
 
   // "rank 1 of 4 (local rank 1 of 2, from torchrun)".
   std::string describe() const;
+};
+
+// What one backend serves of one device kind in this process.
+struct served_devices {
+  std::string backend;  // "host", "cuda", "cuda (simulated)"
+  device_kind kind = device_kind::cpu;
+  int count = 0;          // ordinals [0, count) exist on this node
+  bool allocates = true;  // the backend can place copies on this kind
+};
+
+namespace detail {
+struct device_registry_factory;
+}  // namespace detail
+
+class device_registry {
+ public:
+  const process_topology& topology() const noexcept { return topology_; }
+  std::span<const served_devices> served() const noexcept { return served_; }
+
+  // The entry serving `kind`, or nullptr.
+  const served_devices* find(device_kind kind) const noexcept;
+
+  // The devices this process may address, in kind then ordinal order.
+  std::vector<device> addressable_devices() const;
+
+  // OK when `d` exists and this process can read or write it through a
+  // backend of this build. `role` ("source", "target") starts the message.
+  //   InvalidArgument    unknown device type code or negative ordinal;
+  //   FailedPrecondition the device belongs to another process;
+  //   Unimplemented      no backend of this build serves the kind;
+  //   NotFound           the ordinal does not exist here.
+  absl::Status check_device(device d, const char* role) const;
+
+  // "cpu:0, cpu:1, cuda_host:0".
+  std::string addressable_list() const;
+
+  // "cpu (host backend, 2 devices), cuda_host (host backend, 1 device)".
+  std::string served_list() const;
+
+ private:
+  friend struct detail::device_registry_factory;
+  device_registry(process_topology topology, std::vector<served_devices> served);
+
+  int cuda_devices_on_node() const noexcept;
+
+  process_topology topology_;
+  std::vector<served_devices> served_;
 };
 
 }  // namespace dlasync

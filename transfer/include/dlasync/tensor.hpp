@@ -1,4 +1,4 @@
-// dlasync/transfer/tensor.hpp
+// dlasync/tensor.hpp
 //
 // `dlasync::tensor` is an imported tensor: its device, dtype, shape, strides
 // (in elements), data and whether it is a zero-copy view of the producer's
@@ -23,22 +23,53 @@
 // concurrent const use. The referenced memory is not synchronized.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
-#include "dlasync/runtime/dlpack_stream.hpp"
-#include "dlasync/transfer/detail/tensor_state.hpp"
-#include "dlasync/transfer/dlpack.hpp"
-#include "dlasync/transfer/import_options.hpp"
-#include "dlasync/transfer/managed_tensor.hpp"
-#include "dlasync/transfer/validate.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack.hpp"
+#include "dlasync/dlpack_stream.hpp"
+#include "dlasync/dtype.hpp"
 
 namespace dlasync {
 
+enum class tensor_storage : std::uint8_t {
+  view,  // the producer's memory, kept alive by its managed tensor
+  copy,  // memory that dlasync allocated and owns
+};
+
 namespace detail {
+
+// The shared state behind `dlasync::tensor`: the description, plus whatever
+// keeps the memory alive (a derived type: the producer's managed tensor for a
+// view, an allocation for a copy). One allocation holds both.
+struct tensor_state {
+  virtual ~tensor_state() = default;
+
+  dlasync::device device;
+  dlasync::dtype type;
+  std::int32_t ndim = 0;
+  tensor_storage storage = tensor_storage::view;
+  bool read_only = false;
+  bool compact = true;
+  std::uint64_t flags = 0;
+  void* data = nullptr;  // as in DLTensor: the first element is at data + byte_offset
+  std::uint64_t byte_offset = 0;
+  std::int64_t element_count = 0;
+  std::uint64_t byte_size = 0;
+  // ndim extents, then ndim strides in elements.
+  absl::InlinedVector<std::int64_t, 8> dims;
+  // A GPU copy's stream (DLPack encoding), on which its memory is freed;
+  // null for views and host copies.
+  std::shared_ptr<std::atomic<std::int64_t>> stream;
+};
+
 struct tensor_factory;
+
 }  // namespace detail
 
 class tensor {
@@ -126,15 +157,5 @@ class tensor {
 
   std::shared_ptr<const detail::tensor_state> state_;
 };
-
-// Imports `source` as a zero-copy view of host memory when `options` allow
-// one: validates and plans (plan_import), then takes `source` only on
-// success. When a copy would be needed it fails with FailedPrecondition
-// naming why, and `source` keeps the tensor; the asynchronous import makes
-// copies. GPU, managed and pinned memory are refused here (FailedPrecondition):
-// only a runtime can confirm where they lie; use the runtime's import_view
-// (import.hpp).
-absl::StatusOr<tensor> import_view(managed_tensor& source, const import_options& options,
-                                   const device_registry& registry);
 
 }  // namespace dlasync

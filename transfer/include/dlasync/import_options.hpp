@@ -1,4 +1,4 @@
-// dlasync/transfer/import_options.hpp
+// dlasync/import_options.hpp
 //
 // `dlasync::import_options` is what a caller asks of one import: where the
 // tensor should land, whether it may or must be copied, on which stream the
@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <optional>
 
-#include "dlasync/runtime/device.hpp"
-#include "dlasync/runtime/dlpack_stream.hpp"
-#include "dlasync/transfer/limits.hpp"
+#include "dlasync/device.hpp"
+#include "dlasync/dlpack_stream.hpp"
+#include "dlasync/limits.hpp"
 
 namespace dlasync {
 

@@ -1,4 +1,4 @@
-// dlasync/runtime/device_buffer.hpp
+// dlasync/device_buffer.hpp
 //
 // `dlasync::device_buffer` owns one allocation on one device and frees it,
 // through the function its backend gave, when destroyed. Move-only.
@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "absl/functional/any_invocable.h"
-#include "dlasync/runtime/device.hpp"
+#include "dlasync/device.hpp"
 
 namespace dlasync {
 

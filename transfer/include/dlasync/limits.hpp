@@ -1,4 +1,4 @@
-// dlasync/transfer/limits.hpp
+// dlasync/limits.hpp
 //
 // The bounds dlasync puts on what it imports. Plain C++17, so that the
 // CUDA kernels (compiled by nvcc) size their parameters from the same
