@@ -151,7 +151,7 @@ TEST_CASE("cancels racing grants: every handler runs once, no byte is lost", "[r
     std::atomic<int> calls{0};
     wait.begin(
         48,
-        [&](absl::Status s) {
+        [&](const absl::Status& s) {
           wait.end();
           if (s.ok()) budget.release(48);  // the copy is done at once
           calls.fetch_add(1);

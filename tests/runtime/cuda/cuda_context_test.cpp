@@ -34,8 +34,8 @@ cuda::sim_options checked() {
 }
 
 std::shared_ptr<cuda_context> make_context(const std::shared_ptr<cuda::sim_api>& sim,
-                                           std::vector<bool> served = {true, true},
-                                           cuda_options options = {}) {
+                                           const std::vector<bool>& served = {true, true},
+                                           const cuda_options& options = {}) {
   absl::StatusOr<std::shared_ptr<cuda_context>> c = cuda_context::create(sim, options, served);
   INFO("status: " << c.status().ToString());
   REQUIRE(c.ok());
