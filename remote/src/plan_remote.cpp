@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/import.hpp"
 #include "dlasync/producer.hpp"
+#include "dlasync/validate.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync::remote_detail {

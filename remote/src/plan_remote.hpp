@@ -23,9 +23,9 @@
 
 #include "absl/status/statusor.h"
 #include "dlasync/device_registry.hpp"
-#include "dlasync/import.hpp"
 #include "dlasync/import_options.hpp"
 #include "dlasync/remote.hpp"
+#include "dlasync/validate.hpp"
 #include "remote/src/protocol.hpp"
 
 namespace dlasync::remote_detail {

@@ -17,3 +17,4 @@
 #include "dlasync/producer.hpp"
 #include "dlasync/runtime.hpp"
 #include "dlasync/tensor.hpp"
+#include "dlasync/validate.hpp"

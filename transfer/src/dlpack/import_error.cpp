@@ -1,4 +1,4 @@
-#include "dlasync/import.hpp"
+#include "dlasync/validate.hpp"
 
 #include <vector>
 

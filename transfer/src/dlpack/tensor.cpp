@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/import.hpp"
+#include "dlasync/validate.hpp"
 #include "transfer/src/dlpack/block_cache.hpp"
 #include "transfer/src/dlpack/tensor_factory.hpp"
 #include "transfer/src/layout/strided_layout.hpp"

@@ -10,8 +10,8 @@
 
 #include "dlasync/device_buffer.hpp"
 #include "dlasync/dlpack.hpp"
-#include "dlasync/import.hpp"
 #include "dlasync/tensor.hpp"
+#include "dlasync/validate.hpp"
 
 namespace dlasync::detail {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "dlasync/import.hpp"
+#include "dlasync/validate.hpp"
 #include "runtime/src/budget_wait.hpp"
 #include "transfer/src/kernels/strided_copy.hpp"
 #include "transfer/src/validate/layout.hpp"

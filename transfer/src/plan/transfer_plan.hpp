@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "dlasync/device.hpp"
 #include "dlasync/dlpack.hpp"
-#include "dlasync/import.hpp"
+#include "dlasync/validate.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 
 namespace dlasync::detail {

@@ -9,7 +9,7 @@
 #include "absl/status/status.h"
 #include "dlasync/device.hpp"
 #include "dlasync/dlpack.hpp"
-#include "dlasync/import.hpp"
+#include "dlasync/validate.hpp"
 
 namespace dlasync::detail {
 
