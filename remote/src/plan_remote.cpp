@@ -158,11 +158,12 @@ piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::ui
 }
 
 absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remote_plan& p,
-                                          remote_fetch mode, bool trusted, bool native_rma,
+                                          remote_fetch mode, bool trusted,
+                                          absl::FunctionRef<bool()> native_rma,
                                           std::uint64_t min_run_bytes) {
   fetch_choice out;
   switch (mode) {
-    case remote_fetch::automatic: out.rma = trusted && !d.rkey.empty() && native_rma; break;
+    case remote_fetch::automatic: out.rma = trusted && !d.rkey.empty() && native_rma(); break;
     case remote_fetch::rma: out.rma = true; break;
     case remote_fetch::active_messages: out.rma = false; break;
   }

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "dlasync/device_registry.hpp"
 #include "dlasync/import_options.hpp"
@@ -59,11 +60,13 @@ struct fetch_choice {
 // The fetch for `d` (validated as `p`) under the node's `mode`: RMA where
 // the mode says so, or, automatically, between trusted peers when the
 // descriptor carries a key and the connection reads with a lane of its own
-// (`native_rma`). A strided RMA fetch reads runs of at least `min_run_bytes`
-// (0: 4 KiB), else the span. FailedPrecondition (not consumed) when RMA is
-// forced and the descriptor carries no key.
+// (`native_rma`, asked only then: it reads UCX's report of the endpoint). A
+// strided RMA fetch reads runs of at least `min_run_bytes` (0: 4 KiB), else
+// the span. FailedPrecondition (not consumed) when RMA is forced and the
+// descriptor carries no key.
 absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remote_plan& p,
-                                          remote_fetch mode, bool trusted, bool native_rma,
+                                          remote_fetch mode, bool trusted,
+                                          absl::FunctionRef<bool()> native_rma,
                                           std::uint64_t min_run_bytes);
 
 // A strided tensor is sent run by run when there are at most this many runs,

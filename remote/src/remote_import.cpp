@@ -71,8 +71,10 @@ void remote_import::start(const remote_descriptor& d, const import_options& opti
   // RMA only between trusted peers, with the exporter's key; by default
   // only where UCX reads with a lane of its own (a connection in use tells).
   const remote_node_options& o = core_->options();
+  ucp_ep_h ep = endpoint_->ep;
   absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
-      d, plan_, o.fetch, o.trusted_peers, remote_core::native_rma(endpoint_->ep), o.min_run_bytes);
+      d, plan_, o.fetch, o.trusted_peers, [ep] { return remote_core::native_rma(ep); },
+      o.min_run_bytes);
   if (!fetch.ok()) return finish_locked(fetch.status());
   rma_ = fetch->rma;
   layout_ = fetch->span ? layout::span : layout::compact;
