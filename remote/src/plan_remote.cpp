@@ -8,54 +8,51 @@
 #include "dlasync/producer.hpp"
 #include "dlasync/validate.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
+#include "transfer/src/plan/transfer_plan.hpp"
 
 namespace dlasync::remote_detail {
 namespace {
 
 using detail::innermost_run;
+using detail::refused;
 using detail::run_shape;
-
-absl::Status refuse(absl::Status status, const char* rule) {
-  return with_import_error(std::move(status),
-                           import_error{.consumed = false, .rule = rule, .copy_reasons = ""});
-}
 
 }  // namespace
 
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry) {
   if (options.copy.has_value() && !*options.copy) {
-    return refuse(absl::FailedPreconditionError(
-                      "copy=false: a remote tensor's bytes always move into this process; "
-                      "leave copy unset or pass copy=true"),
-                  "copy");
+    return refused(absl::FailedPreconditionError(
+                       "copy=false: a remote tensor's bytes always move into this process; "
+                       "leave copy unset or pass copy=true"),
+                   "copy");
   }
   if (options.stream.has_value() && *options.stream != stream_no_sync) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-                      "stream=", *options.stream,
-                      ": a remote tensor has no producer stream in this process; the exporter "
-                      "orders its writes before it publishes. Leave stream unset")),
-                  "stream");
+    return refused(absl::InvalidArgumentError(absl::StrCat(
+                       "stream=", *options.stream,
+                       ": a remote tensor has no producer stream in this process; the exporter "
+                       "orders its writes before it publishes. Leave stream unset")),
+                   "stream");
   }
   if (!is_host_memory(d.source_device.kind)) {
-    return refuse(absl::UnimplementedError(absl::StrCat(
-                      "the remote tensor lives on ", d.source_device.name(),
-                      " of its process; this UCX has no CUDA transports, so only host memory "
-                      "(cpu, cuda_host) is fetched: have the exporter import it onto cpu:0 "
-                      "and publish that")),
-                  "source_device");
+    return refused(absl::UnimplementedError(absl::StrCat(
+                       "the remote tensor lives on ", d.source_device.name(),
+                       " of its process; this UCX has no CUDA transports, so only host memory "
+                       "(cpu, cuda_host) is fetched: have the exporter import it onto cpu:0 "
+                       "and publish that")),
+                   "source_device");
   }
   if (d.shape.size() != d.strides.size()) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat("the descriptor has ", d.shape.size(),
-                                                          " extents and ", d.strides.size(),
-                                                          " strides; they must match")),
-                  "shape");
+    return refused(absl::InvalidArgumentError(absl::StrCat("the descriptor has ", d.shape.size(),
+                                                           " extents and ", d.strides.size(),
+                                                           " strides; they must match")),
+                   "shape");
   }
   if (d.dlpack_major != dlpack_major_version) {
-    return refuse(absl::UnimplementedError(absl::StrCat(
-                      "the remote tensor is DLPack ", d.dlpack_major, ".", d.dlpack_minor,
-                      "; dlasync reads major version ", dlpack_major_version)),
-                  "version");
+    return refused(absl::UnimplementedError(absl::StrCat(
+                       "the remote tensor is DLPack ", d.dlpack_major, ".", d.dlpack_minor,
+                       "; dlasync reads major version ", dlpack_major_version)),
+                   "version");
   }
   // The remote tensor, described to plan_import as memory of this process
   // at the exporter's address: nothing reads it.
@@ -80,15 +77,15 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
     if (std::optional<import_error> why = import_error_of(plan.status())) {
       return with_import_error(std::move(s), *why);
     }
-    return refuse(std::move(s), "");
+    return refused(std::move(s), "");
   }
   if (d.exporter_address.empty() || d.exporter_port == 0) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-                      "the descriptor names no exporter to fetch from (address \"",
-                      d.exporter_address, "\", port ", d.exporter_port,
-                      "); it is corrupt, or its node does not listen (remote_node_options::"
-                      "listen_address)")),
-                  "remote_region");
+    return refused(absl::InvalidArgumentError(absl::StrCat(
+                       "the descriptor names no exporter to fetch from (address \"",
+                       d.exporter_address, "\", port ", d.exporter_port,
+                       "); it is corrupt, or its node does not listen (remote_node_options::"
+                       "listen_address)")),
+                   "remote_region");
   }
   remote_plan out;
   out.plan = *plan;
@@ -101,13 +98,13 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
   std::uint64_t region_end = 0;
   if (__builtin_add_overflow(d.region_begin, d.region_bytes, &region_end) ||
       begin < d.region_begin || begin > region_end || bytes > region_end - begin) {
-    return refuse(absl::InvalidArgumentError(absl::StrCat(
-                      "the remote tensor's bytes [", begin, ", +", bytes,
-                      ") reach outside the region the exporter registered [", d.region_begin, ", +",
-                      d.region_bytes,
-                      "): the descriptor is corrupt or not from dlasync; ask the exporter to "
-                      "publish again")),
-                  "remote_region");
+    return refused(absl::InvalidArgumentError(absl::StrCat(
+                       "the remote tensor's bytes [", begin, ", +", bytes,
+                       ") reach outside the region the exporter registered [", d.region_begin,
+                       ", +", d.region_bytes,
+                       "): the descriptor is corrupt or not from dlasync; ask the exporter to "
+                       "publish again")),
+                   "remote_region");
   }
   out.span_begin = begin;
   out.span_bytes = bytes;
@@ -169,11 +166,11 @@ absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remo
   }
   if (p.plan.element_count == 0) return out;
   if (out.rma && d.rkey.empty()) {
-    return refuse(absl::FailedPreconditionError(
-                      "remote_node_options::fetch = rma, but the descriptor carries no remote "
-                      "key: its exporter does not trust its peers with RMA; use "
-                      "remote_fetch::automatic"),
-                  "remote_region");
+    return refused(absl::FailedPreconditionError(
+                       "remote_node_options::fetch = rma, but the descriptor carries no remote "
+                       "key: its exporter does not trust its peers with RMA; use "
+                       "remote_fetch::automatic"),
+                   "remote_region");
   }
   out.bytes = p.plan.byte_size;
   if (out.rma && !p.plan.compact) {

@@ -9,14 +9,6 @@
 
 namespace dlasync::detail {
 
-absl::Status refused(absl::Status status, const char* rule, const import_plan* plan) {
-  import_error e = import_error_of(status).value_or(import_error{});
-  e.consumed = false;
-  if (e.rule.empty()) e.rule = rule;
-  if (plan != nullptr) e.copy_reasons = plan->copy_reason_names();
-  return with_import_error(std::move(status), e);
-}
-
 absl::Status failed_after_taking(absl::Status status, const import_plan& plan) {
   import_error e = import_error_of(status).value_or(import_error{});
   e.consumed = true;

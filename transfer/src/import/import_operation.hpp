@@ -63,10 +63,6 @@ class import_operation : public std::enable_shared_from_this<import_operation> {
   runtime_counters::clock::time_point began_;
 };
 
-// `status` as a refusal by `rule` (import_error.hpp), the tensor not
-// consumed; a rule that validation named already is kept.
-absl::Status refused(absl::Status status, const char* rule, const import_plan* plan = nullptr);
-
 // `status` as the failure of an import that had taken its tensor.
 absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 

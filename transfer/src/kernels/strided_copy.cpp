@@ -69,10 +69,8 @@ void strided_copy::allow_streaming(bool everywhere) noexcept {
 strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_bytes)
     : element_size_(layout.element_size) {
   const std::int64_t es = static_cast<std::int64_t>(element_size_);
-  std::uint64_t count = 1;
-  for (std::int64_t e : layout.shape) count *= static_cast<std::uint64_t>(e);
-  bytes_ = count * element_size_;
-  if (count == 0) return;  // kernel none, no units
+  bytes_ = detail::compact_bytes(layout);
+  if (bytes_ == 0) return;  // kernel none, no units
 
   // A plan's layout is simplified already.
   strided_layout simplified;

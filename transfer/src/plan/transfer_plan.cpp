@@ -12,12 +12,6 @@
 namespace dlasync::detail {
 namespace {
 
-absl::Status refuse(absl::Status status, const char* rule, const import_plan& plan) {
-  return with_import_error(
-      std::move(status),
-      import_error{.consumed = false, .rule = rule, .copy_reasons = plan.copy_reason_names()});
-}
-
 absl::Status wrong_device(const import_plan& plan, const std::optional<device>& actual) {
   return absl::FailedPreconditionError(absl::StrCat(
       "the tensor says it lives on ", plan.source.name(), " but its data pointer ",
@@ -84,7 +78,7 @@ bool upload_fits(const strided_layout& layout, std::uint64_t bytes, std::uint64_
 absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan, const DLTensor& dl,
                            transfer_plan& out) {
   absl::StatusOr<transfer_path> path = choose_path(facts, plan);
-  if (!path.ok()) return refuse(path.status(), "location", plan);
+  if (!path.ok()) return refused(path.status(), "location", &plan);
   out.path = *path;
   out.stream_device = out.path == transfer_path::gpu_to_host
                           ? device{device_kind::cuda, plan.source.ordinal}
@@ -96,17 +90,17 @@ absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan,
   simplified_layout(dl, plan, out.layout);
   if (out.path == transfer_path::pageable_to_gpu &&
       !upload_fits(out.layout, plan.byte_size, facts.chunk_bytes)) {
-    return refuse(absl::UnimplementedError(absl::StrCat(
-                      "a single row of this strided ", plan.source.name(),
-                      " source is larger than a staging chunk of ", facts.chunk_bytes,
-                      " bytes; the tensor was not consumed: raise "
-                      "runtime_options::staging_chunk_bytes or make the source contiguous first")),
-                  "staging", plan);
+    return refused(absl::UnimplementedError(absl::StrCat(
+                       "a single row of this strided ", plan.source.name(),
+                       " source is larger than a staging chunk of ", facts.chunk_bytes,
+                       " bytes; the tensor was not consumed: raise "
+                       "runtime_options::staging_chunk_bytes or make the source contiguous first")),
+                   "staging", &plan);
   }
-  if (absl::Status st = check_budget("a copy", out.hold_bytes, facts.budget_limit,
-                                     "import a view (copy unset, same device)");
+  if (absl::Status st = within_budget("a copy", out.hold_bytes, facts.budget_limit,
+                                      "import a view (copy unset, same device)");
       !st.ok()) {
-    return refuse(std::move(st), "budget", plan);
+    return refused(std::move(st), "budget", &plan);
   }
   return absl::OkStatus();
 }
@@ -114,9 +108,15 @@ absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan,
 absl::Status check_budget(absl::string_view what, std::uint64_t bytes, std::uint64_t limit,
                           absl::string_view also) {
   absl::Status over = within_budget(what, bytes, limit, also);
-  if (over.ok()) return over;
-  return with_import_error(std::move(over),
-                           import_error{.consumed = false, .rule = "budget", .copy_reasons = ""});
+  return over.ok() ? over : refused(std::move(over), "budget");
+}
+
+absl::Status refused(absl::Status status, const char* rule, const import_plan* plan) {
+  import_error e = import_error_of(status).value_or(import_error{});
+  e.consumed = false;
+  if (e.rule.empty()) e.rule = rule;
+  if (plan != nullptr) e.copy_reasons = plan->copy_reason_names();
+  return with_import_error(std::move(status), e);
 }
 
 void simplified_layout(const DLTensor& dl, const import_plan& plan, strided_layout& out) {

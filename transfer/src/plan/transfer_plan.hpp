@@ -87,6 +87,11 @@ struct transfer_plan {
 absl::Status plan_transfer(const transfer_facts& facts, const import_plan& plan, const DLTensor& dl,
                            transfer_plan& out);
 
+// `status` as a refusal by `rule` (dlasync/validate.hpp's import_error),
+// the tensor not consumed, with `plan`'s copy reasons when given; a rule
+// that validation named already is kept.
+absl::Status refused(absl::Status status, const char* rule, const import_plan* plan = nullptr);
+
 // ResourceExhausted (rule "budget", not consumed) when `bytes`, what
 // `what` needs ("a copy", "the batch's copies together", "the remote
 // tensor"), exceed a budget `limit` (0: unlimited). `also` is what else the
