@@ -127,9 +127,8 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
 remote_node::remote_node(std::shared_ptr<detail::remote_core> core) noexcept
     : core_(std::move(core)) {}
 
-std::shared_ptr<detail::remote_import> detail::make_remote_import(
-    remote_node& node, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done) {
-  return make_remote_import(*node.core_, std::move(done));
+std::shared_ptr<detail::remote_import> detail::make_remote_import(remote_node& node) {
+  return make_remote_import(*node.core_);
 }
 
 remote_node::~remote_node() {

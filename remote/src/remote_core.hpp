@@ -214,7 +214,6 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
 
 // The import's operation on `core` (remote_import.cpp); the initiating
 // functions reach it through make_remote_import(remote_node&, ...).
-std::shared_ptr<remote_import> make_remote_import(
-    remote_core& core, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
+std::shared_ptr<remote_import> make_remote_import(remote_core& core);
 
 }  // namespace dlasync::detail

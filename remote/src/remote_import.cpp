@@ -40,18 +40,28 @@ absl::StatusCode peer_code(std::int32_t code) {
              : absl::StatusCode::kUnknown;
 }
 
-remote_import::remote_import(std::shared_ptr<remote_core> core, done_fn done)
-    : core_(std::move(core)),
-      done_(std::move(done)),
-      budget_wait_(*core_of(core_->rt()).budget()) {}
+remote_import::remote_import(std::shared_ptr<remote_core> core)
+    : core_(std::move(core)), budget_wait_(*core_of(core_->rt()).budget()) {}
 
 remote_import::~remote_import() = default;
 
-void remote_import::start(const remote_descriptor& d, const import_options& options) {
+void remote_import::start(done_fn done, const remote_descriptor& d, const import_options& options) {
+  {
+    std::lock_guard lock(core_->ucx().mutex());
+    done_ = std::move(done);
+    // Cancelled before it started: nothing was asked for; the handler
+    // learns now.
+    if (finished_) {
+      std::move(done_)(*std::exchange(unstarted_result_, std::nullopt));
+      done_ = nullptr;
+      return;
+    }
+  }
   runtime& rt = core_->rt();
   absl::StatusOr<remote_detail::remote_plan> planned =
       remote_detail::plan_remote(d, options, rt.registry());
   std::unique_lock lock(core_->ucx().mutex());
+  if (finished_) return;  // cancelled while it planned: nothing asked for yet
   if (!planned.ok()) return finish_locked(planned.status());
   if (core_->stopping()) {
     return finish_locked(with_import_error(
@@ -289,6 +299,11 @@ void remote_import::cleanup_locked() {
 void remote_import::finish_locked(absl::StatusOr<tensor> result) {
   if (finished_) return;
   finished_ = true;
+  if (!done_) {
+    // Not started yet (a cancel first): start hands this on.
+    unstarted_result_ = std::move(result);
+    return;
+  }
   if (timeout_) timeout_->cancel();
   std::move(done_)(std::move(result));
   done_ = nullptr;
@@ -340,14 +355,14 @@ void remote_import::cancel(absl::Status why) {
   wind_down_locked();
 }
 
-std::shared_ptr<remote_import> make_remote_import(
-    remote_core& core, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done) {
-  return std::make_shared<remote_import>(core.shared_from_this(), std::move(done));
+std::shared_ptr<remote_import> make_remote_import(remote_core& core) {
+  return std::make_shared<remote_import>(core.shared_from_this());
 }
 
-void start(const std::shared_ptr<remote_import>& op, const remote_descriptor& descriptor,
-           const import_options& options) {
-  op->start(descriptor, options);
+void start(const std::shared_ptr<remote_import>& op,
+           absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done,
+           const remote_descriptor& descriptor, const import_options& options) {
+  op->start(std::move(done), descriptor, options);
 }
 
 void cancel(remote_import& op) {

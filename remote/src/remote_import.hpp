@@ -39,11 +39,11 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
  public:
   using done_fn = absl::AnyInvocable<void(absl::StatusOr<tensor>) &&>;
 
-  remote_import(std::shared_ptr<remote_core> core, done_fn done);
+  explicit remote_import(std::shared_ptr<remote_core> core);
   ~remote_import();
 
   // Any thread, without the lock.
-  void start(const remote_descriptor& d, const import_options& options);
+  void start(done_fn done, const remote_descriptor& d, const import_options& options);
   void cancel(absl::Status why);
 
   // Under the lock.
@@ -97,8 +97,10 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   void land_locally(device_buffer buffer);
 
   std::shared_ptr<remote_core> core_;
-  done_fn done_;
+  done_fn done_;  // set by start
   bool finished_ = false;
+  // The result of a cancel that came before start, which start delivers.
+  std::optional<absl::StatusOr<tensor>> unstarted_result_;
 
   remote_descriptor descriptor_;
   import_options options_;

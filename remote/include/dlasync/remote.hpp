@@ -268,8 +268,7 @@ class remote_node {
 
  private:
   // The initiating functions' one way in: the import's operation (node.cpp).
-  friend std::shared_ptr<detail::remote_import> detail::make_remote_import(
-      remote_node& node, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
+  friend std::shared_ptr<detail::remote_import> detail::make_remote_import(remote_node& node);
 
   explicit remote_node(std::shared_ptr<detail::remote_core> core) noexcept;
 

@@ -7,34 +7,33 @@
 
 namespace dlasync::detail {
 
-std::shared_ptr<batch_operation> make_batch(runtime& rt, std::size_t members,
-                                            absl::AnyInvocable<void(batch_result) &&> done) {
-  return std::make_shared<batch_operation>(rt, members, std::move(done));
+std::shared_ptr<batch_operation> make_batch(runtime& rt) {
+  return std::make_shared<batch_operation>(rt);
 }
 
-void start(const std::shared_ptr<batch_operation>& op, std::span<managed_tensor> sources,
+void start(const std::shared_ptr<batch_operation>& op,
+           absl::AnyInvocable<void(batch_result) &&> done, std::span<managed_tensor> sources,
            const import_options& options) {
-  op->start(sources, options);
+  op->start(std::move(done), sources, options);
 }
 
 void cancel(batch_operation& op) {
   op.cancel();
 }
 
-batch_operation::batch_operation(runtime& rt, std::size_t size, done_fn done)
-    : rt_(rt),
-      core_(core_of(rt)),
-      results_(size, absl::UnknownError("not imported")),
-      done_(std::move(done)),
-      budget_wait_(*core_.budget()) {}
+batch_operation::batch_operation(runtime& rt)
+    : rt_(rt), core_(core_of(rt)), budget_wait_(*core_.budget()) {}
 
 bool batch_operation::needs_budget(const import_start& m) const {
   return !m.ready && m.transfer.path != transfer_path::view &&
          m.transfer.path != transfer_path::view_after_producer;
 }
 
-void batch_operation::start(std::span<managed_tensor> sources, const import_options& options) {
+void batch_operation::start(done_fn done, std::span<managed_tensor> sources,
+                            const import_options& options) {
+  done_ = std::move(done);
   const std::size_t n = sources.size();
+  results_.assign(n, absl::UnknownError("not imported"));
   // One extra count keeps the batch from completing while members start.
   remaining_.store(n + 1, std::memory_order_relaxed);
   members_.reserve(n);

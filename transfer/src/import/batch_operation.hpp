@@ -25,9 +25,10 @@ class batch_operation : public std::enable_shared_from_this<batch_operation> {
  public:
   using done_fn = absl::AnyInvocable<void(batch_result) &&>;
 
-  batch_operation(runtime& rt, std::size_t size, done_fn done);
+  explicit batch_operation(runtime& rt);
 
-  void start(std::span<managed_tensor> sources, const import_options& options);
+  // A cancel that comes before start cancels every member as it starts.
+  void start(done_fn done, std::span<managed_tensor> sources, const import_options& options);
   void cancel();
 
  private:
@@ -45,7 +46,7 @@ class batch_operation : public std::enable_shared_from_this<batch_operation> {
   std::vector<import_start> members_;
   batch_result results_;
   std::atomic<std::size_t> remaining_{0};
-  done_fn done_;
+  done_fn done_;             // set by start
   std::uint64_t op_id_ = 0;  // registered while it waits for budget
   budget_wait budget_wait_;
   std::mutex mutex_;

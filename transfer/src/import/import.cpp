@@ -121,10 +121,7 @@ struct initiate_started {
 
   template <typename Handler>
   void operator()(Handler&& handler, std::shared_ptr<import_operation> op) const {
-    auto h = std::forward<Handler>(handler);
-    auto slot = asio::get_associated_cancellation_slot(h);
-    assign_cancellation(slot, op);
-    start(op, deliver_to<import_result>(std::move(h), *rt));
+    launch<import_result>(std::forward<Handler>(handler), *rt, op);
   }
 };
 

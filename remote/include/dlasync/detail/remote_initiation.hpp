@@ -10,8 +10,6 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
-#include "asio/associated_cancellation_slot.hpp"
-#include "dlasync/detail/deliver.hpp"
 #include "dlasync/detail/import_initiation.hpp"
 #include "dlasync/import_options.hpp"
 #include "dlasync/runtime.hpp"
@@ -26,19 +24,18 @@ namespace dlasync::detail {
 
 class remote_import;
 
-// One remote import, made first and then started, so that the caller's
-// cancellation slot is assigned before the import can complete (the
-// handler clears the slot on its own executor, maybe another thread).
-// `done` runs exactly once, on a thread of the runtime or of the node, or on
-// the starting thread when validation refuses (deliver_to posts the
-// handler onwards in every case).
-std::shared_ptr<remote_import> make_remote_import(
-    remote_node& node, absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done);
+// One remote import: made, then started (dlasync/detail/import_initiation.hpp's
+// launch). `done` runs exactly once, on a thread of the runtime or of the
+// node, or on the starting thread when validation refuses (deliver_to posts
+// the handler onwards in every case).
+std::shared_ptr<remote_import> make_remote_import(remote_node& node);
 // Validates `descriptor` against `options`, then asks for the hold and
 // fetches.
-void start(const std::shared_ptr<remote_import>& op, const remote_descriptor& descriptor,
-           const import_options& options);
-// Stops the import if it has not finished; any thread, any number of times.
+void start(const std::shared_ptr<remote_import>& op,
+           absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done,
+           const remote_descriptor& descriptor, const import_options& options);
+// Stops the import if it has not finished; any thread, any number of times,
+// also before it starts.
 void cancel(remote_import& op);
 
 struct initiate_remote_import {
@@ -48,12 +45,8 @@ struct initiate_remote_import {
   template <typename Handler>
   void operator()(Handler&& handler, const remote_descriptor& descriptor,
                   const import_options& options) const {
-    auto h = std::forward<Handler>(handler);
-    auto slot = asio::get_associated_cancellation_slot(h);
-    std::shared_ptr<remote_import> op =
-        make_remote_import(*node, deliver_to<absl::StatusOr<tensor>>(std::move(h), *rt));
-    assign_cancellation(slot, op);
-    start(op, descriptor, options);
+    launch<absl::StatusOr<tensor>>(std::forward<Handler>(handler), *rt, make_remote_import(*node),
+                                   descriptor, options);
   }
 };
 

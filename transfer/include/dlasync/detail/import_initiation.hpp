@@ -57,13 +57,11 @@ void cancel(import_operation& op);
 // A batch: validated together (nothing is consumed when one member is
 // refused for the budget), its copies' budget reserved at once, each member
 // then started on its own; `done` runs once when all have finished, with
-// one result per member in order. Made, then started, so that the caller's
-// cancellation slot is assigned before the batch can complete (the handler
-// clears the slot on its own executor, maybe another thread).
+// one result per member in order.
 class batch_operation;
-std::shared_ptr<batch_operation> make_batch(runtime& rt, std::size_t members,
-                                            absl::AnyInvocable<void(batch_result) &&> done);
-void start(const std::shared_ptr<batch_operation>& op, std::span<managed_tensor> sources,
+std::shared_ptr<batch_operation> make_batch(runtime& rt);
+void start(const std::shared_ptr<batch_operation>& op,
+           absl::AnyInvocable<void(batch_result) &&> done, std::span<managed_tensor> sources,
            const import_options& options);
 void cancel(batch_operation& op);
 
@@ -86,6 +84,20 @@ void assign_cancellation(Slot& slot, const std::shared_ptr<Op>& op) {
   });
 }
 
+// The initiation steps every operation shares (imports, batches, remote
+// imports): the operation, made but not started and holding nothing of
+// the handler, is tied to the handler's cancellation slot, then started
+// with a completion that reaches the handler on its executor. The slot is
+// assigned first so that it is in place before the operation can complete
+// (the handler clears it on its own executor, maybe another thread).
+template <typename Result, typename Handler, typename Op, typename... Args>
+void launch(Handler&& handler, runtime& rt, const std::shared_ptr<Op>& op, Args&&... args) {
+  auto h = std::forward<Handler>(handler);
+  auto slot = asio::get_associated_cancellation_slot(h);
+  assign_cancellation(slot, op);
+  start(op, deliver_to<Result>(std::move(h), rt), std::forward<Args>(args)...);
+}
+
 // The initiations: validation and consumption happen here, when the
 // operation starts, for every completion token (a deferred operation that
 // is never launched leaves the tensor with its owner).
@@ -99,10 +111,7 @@ struct initiate_import {
       deliver_to<import_result>(std::forward<Handler>(handler), *rt)(std::move(*begun.ready));
       return;
     }
-    auto h = std::forward<Handler>(handler);
-    auto slot = asio::get_associated_cancellation_slot(h);
-    assign_cancellation(slot, begun.op);
-    start(begun.op, deliver_to<import_result>(std::move(h), *rt));
+    launch<import_result>(std::forward<Handler>(handler), *rt, begun.op);
   }
 };
 
@@ -112,12 +121,7 @@ struct initiate_batch {
   template <typename Handler>
   void operator()(Handler&& handler, std::span<managed_tensor> sources,
                   const import_options& options) const {
-    auto h = std::forward<Handler>(handler);
-    auto slot = asio::get_associated_cancellation_slot(h);
-    std::shared_ptr<batch_operation> op =
-        make_batch(*rt, sources.size(), deliver_to<batch_result>(std::move(h), *rt));
-    assign_cancellation(slot, op);
-    start(op, sources, options);
+    launch<batch_result>(std::forward<Handler>(handler), *rt, make_batch(*rt), sources, options);
   }
 };
 
