@@ -3,7 +3,9 @@
 The rules (docs/architecture.md, "Checks that keep the map true"):
 - a component includes another one's headers only through its public headers
   (<component>/include/dlasync/...) or through a private header declared in
-  cmake/component_interfaces.txt for that pair;
+  cmake/component_interfaces.txt for that pair; a declaration may name a folder
+  inside the including component instead (transfer/src/import), and then only the
+  files under that folder may include the header;
 - no lower layer includes a higher one (runtime < transfer < remote < python);
 - no installed header (<component>/include/dlasync/...) includes a private one;
 - tests/ may include anything; examples/ and bench/ include public headers, their own
@@ -33,7 +35,8 @@ OWN_ROOTS = {"support": "tests", "common": "examples"}
 
 
 def read_interfaces(root):
-    """{(including component, private header)} from the declarations file."""
+    """{(including scope, private header)} from the declarations file; a scope is a
+    component or a folder inside one."""
     declared = set()
     path = os.path.join(root, INTERFACES)
     with open(path, encoding="utf-8") as f:
@@ -43,7 +46,8 @@ def read_interfaces(root):
                 continue
             if len(words) < 3:
                 sys.exit(f"{INTERFACES}:{number}: want '<component> <header> <reason>'")
-            component, header = words[0], words[1]
+            scope, header = words[0].rstrip("/"), words[1]
+            component = scope.split("/", 1)[0]
             owner = header.split("/", 1)[0]
             if component not in SCANNED or owner not in LAYERS or owner == component:
                 sys.exit(f"{INTERFACES}:{number}: {component} {header} is not a crossing "
@@ -51,10 +55,13 @@ def read_interfaces(root):
             if component in LAYERS and LAYERS.index(owner) > LAYERS.index(component):
                 sys.exit(f"{INTERFACES}:{number}: {owner} sits above {component}; "
                          "a lower layer cannot be offered its headers")
+            if scope != component and not os.path.isdir(os.path.join(root, scope)):
+                sys.exit(f"{INTERFACES}:{number}: {scope} is not a folder; "
+                         "name the component or a folder inside it")
             if not os.path.isfile(os.path.join(root, header)):
                 sys.exit(f"{INTERFACES}:{number}: {header} does not exist; "
                          "remove the stale declaration")
-            declared.add((component, header))
+            declared.add((scope, header))
     return declared
 
 
@@ -94,6 +101,12 @@ def classify(root, includer, header, quoted):
     return None
 
 
+def scopes_of(declared, component, header):
+    """The scopes declared for `header` inside `component`."""
+    return sorted(scope for scope, h in declared
+                  if h == header and scope.split("/", 1)[0] == component)
+
+
 def violations(root):
     declared = read_interfaces(root)
     used = set()
@@ -120,15 +133,22 @@ def violations(root):
             elif (component in LAYERS and owner in LAYERS
                   and LAYERS.index(owner) > LAYERS.index(component)):
                 why = f"which {owner} does not offer to {component} ({owner} sits above it)"
-            elif not public and (component, header) in declared:
-                used.add((component, header))
             elif not public:
-                why = (f"which {owner} does not offer to {component} (declare it in "
-                       f"{INTERFACES} with a reason, or use a public header)")
+                scopes = scopes_of(declared, component, header)
+                inside = [s for s in scopes
+                          if s == component or path.startswith(s + os.sep)]
+                if inside:
+                    used.add((inside[0], header))
+                elif scopes:
+                    why = (f"which {owner} offers only to {', '.join(scopes)} "
+                           f"({INTERFACES}): reach it through the services those lend")
+                else:
+                    why = (f"which {owner} does not offer to {component} (declare it in "
+                           f"{INTERFACES} with a reason, or use a public header)")
             if why:
                 found.append(f"{path}:{number}: includes {header}, {why}")
-    for component, header in sorted(declared - used):
-        found.append(f"{INTERFACES}: {component} no longer includes {header}; "
+    for scope, header in sorted(declared - used):
+        found.append(f"{INTERFACES}: {scope} no longer includes {header}; "
                      "remove its declaration")
     return found
 
@@ -148,6 +168,8 @@ def check(root):
 PLANTS = [
     ("transfer/src/import/import.cpp", '#include "runtime/src/releaser.hpp"',
      "includes runtime/src/releaser.hpp, which runtime does not offer to transfer"),
+    ("transfer/src/copy/host_copy.cpp", '#include "runtime/src/runtime_core.hpp"',
+     "includes runtime/src/runtime_core.hpp, which runtime offers only to transfer/src/import"),
     ("runtime/src/releaser.cpp", '#include "dlasync/tensor.hpp"',
      "includes dlasync/tensor.hpp, which transfer does not offer to runtime"),
     ("transfer/src/import/import.cpp", '#include "remote/src/protocol.hpp"',

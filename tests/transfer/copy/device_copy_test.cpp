@@ -1,7 +1,6 @@
-// The GPU copies on simulated GPUs (rules and race checks on). They take a
-// runtime_core, for its CUDA context and its workers, so each test builds
-// the smallest runtime that has them: one host device, two workers, two
-// simulated GPUs. copy_on_gpu for compact and strided sources (the gather
+// The GPU copies on simulated GPUs (rules and race checks on), built on the
+// copy engine's parts alone (copy_rig.hpp: a CUDA context on two simulated
+// GPUs, a work pool, staging chunks of 4 KiB; no runtime). copy_on_gpu for compact and strided sources (the gather
 // kernel), on one GPU and across two, following a producer's stream; its
 // error paths; a strided download compacted on the GPU first. (The
 // transfer plan refuses uploads whose rows do not fit a chunk.)
@@ -21,6 +20,7 @@
 #include "runtime/src/cuda/device_guard.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
+#include "transfer/copy/copy_rig.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -30,27 +30,6 @@ using testing::require_status;
 
 const device gpu0{device_kind::cuda, 0};
 const device gpu1{device_kind::cuda, 1};
-
-testing::sim_runtime checked_runtime() {
-  cuda::sim_options so;
-  so.check_order = true;
-  so.on_report = cuda::report_action::collect;
-  return testing::make_sim_runtime(so, [](runtime_options& o) { o.staging_chunk_bytes = 4096; });
-}
-
-// Device memory of `d` holding `bytes` from `init` (zeros when null).
-void* device_memory(cuda::api& api, int d, std::size_t bytes, const void* init = nullptr) {
-  absl::StatusOr<device_guard> on = device_guard::enter(api, d);
-  REQUIRE(on.ok());
-  void* p = nullptr;
-  REQUIRE(api.malloc_device(&p, bytes) == cuda::error::success);
-  if (init != nullptr) {
-    std::memcpy(p, init, bytes);
-  } else {
-    std::memset(p, 0, bytes);
-  }
-  return p;
-}
 
 // Waits (30 s at most: a hang guard) for `m` and returns its status.
 absl::Status wait(const marker_ptr& m) {
@@ -100,17 +79,17 @@ std::size_t wrong_transpose(const void* out, const std::vector<float>& in, std::
 }  // namespace
 
 TEST_CASE("copy_on_gpu copies a compact source with one copy", "[transfer][copy][cuda]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
+  testing::copy_rig r;
+  const copy_services with = r.services();
   const std::vector<float> data = iota_floats(1000);
   const std::size_t bytes = data.size() * sizeof(float);
-  void* src = device_memory(*r.sim, 0, bytes, data.data());
-  void* dst = device_memory(*r.sim, 0, bytes);
+  void* src = r.device_memory(bytes, 0, data.data());
+  void* dst = r.device_memory(bytes, 0);
   copy_request req = transposed(gpu0, gpu0, src, dst, 1000, 1);
   req.layout = {4, {1000}, {1}};
   req.compact = true;
   const std::uint64_t kernels_before = r.sim->call_counts()["dlasyncGatherKernel"];
-  REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, req)).ok());
+  REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, req)).ok());
   CHECK(std::memcmp(dst, data.data(), bytes) == 0);
   CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == kernels_before);
   REQUIRE(r.sim->free_device(src) == cuda::error::success);
@@ -119,26 +98,26 @@ TEST_CASE("copy_on_gpu copies a compact source with one copy", "[transfer][copy]
 
 TEST_CASE("copy_on_gpu gathers a strided source with the kernel, on its GPU or across",
           "[transfer][copy][cuda]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
+  testing::copy_rig r;
+  const copy_services with = r.services();
   constexpr std::int64_t rows = 48;
   constexpr std::int64_t cols = 20;
   const std::vector<float> data = iota_floats(rows * cols);
   const std::size_t bytes = data.size() * sizeof(float);
   SECTION("on the source's GPU") {
-    void* src = device_memory(*r.sim, 1, bytes, data.data());
-    void* dst = device_memory(*r.sim, 1, bytes);
-    REQUIRE(wait(copy_on_gpu(core, {gpu1, 1}, transposed(gpu1, gpu1, src, dst, rows, cols))).ok());
+    void* src = r.device_memory(bytes, 1, data.data());
+    void* dst = r.device_memory(bytes, 1);
+    REQUIRE(wait(copy_on_gpu(with, {gpu1, 1}, transposed(gpu1, gpu1, src, dst, rows, cols))).ok());
     CHECK(wrong_transpose(dst, data, rows, cols) == 0);
     CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
     REQUIRE(r.sim->free_device(src) == cuda::error::success);
     REQUIRE(r.sim->free_device(dst) == cuda::error::success);
   }
   SECTION("compacted on the source GPU, then copied across") {
-    void* src = device_memory(*r.sim, 1, bytes, data.data());
-    void* dst = device_memory(*r.sim, 0, bytes);
+    void* src = r.device_memory(bytes, 1, data.data());
+    void* dst = r.device_memory(bytes, 0);
     const std::uint64_t on_source = r.sim->device_bytes_in_use(1);
-    REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, transposed(gpu1, gpu0, src, dst, rows, cols))).ok());
+    REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, transposed(gpu1, gpu0, src, dst, rows, cols))).ok());
     CHECK(wrong_transpose(dst, data, rows, cols) == 0);
     CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
     // The temporary on the source GPU is freed once the copy has read it.
@@ -150,14 +129,14 @@ TEST_CASE("copy_on_gpu gathers a strided source with the kernel, on its GPU or a
 
 TEST_CASE("copy_on_gpu reads the source only after the producer's stream got there",
           "[transfer][copy][cuda]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
-  const std::shared_ptr<cuda_context>& context = core.cuda()->shared_context();
+  testing::copy_rig r;
+  const copy_services with = r.services();
+  const std::shared_ptr<cuda_context>& context = r.context;
   const std::vector<float> data = iota_floats(512);
   const std::size_t bytes = data.size() * sizeof(float);
-  void* filled = device_memory(*r.sim, 0, bytes, data.data());
-  void* src = device_memory(*r.sim, 0, bytes);
-  void* dst = device_memory(*r.sim, 0, bytes);
+  void* filled = r.device_memory(bytes, 0, data.data());
+  void* src = r.device_memory(bytes, 0);
+  void* dst = r.device_memory(bytes, 0);
   // The producer's stream fills the source once its gate opens (from device
   // memory: a copy from pageable memory would hold this thread until then).
   cuda::stream_t producer = nullptr;
@@ -175,7 +154,7 @@ TEST_CASE("copy_on_gpu reads the source only after the producer's stream got the
   req.layout = {4, {512}, {1}};
   req.compact = true;
   req.produced = context->record_producer(0, reinterpret_cast<std::int64_t>(producer));
-  marker_ptr copied = copy_on_gpu(core, {gpu0, 0}, req);
+  marker_ptr copied = copy_on_gpu(with, {gpu0, 0}, req);
   context->quiesce();
   CHECK_FALSE(copied->done());
   gate.set_value();
@@ -193,37 +172,37 @@ TEST_CASE("copy_on_gpu reads the source only after the producer's stream got the
 
 TEST_CASE("copy_on_gpu reports a failed copy, kernel or producer as its status",
           "[transfer][copy][cuda]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
+  testing::copy_rig r;
+  const copy_services with = r.services();
   constexpr std::int64_t rows = 16;
   constexpr std::int64_t cols = 8;
   const std::vector<float> data = iota_floats(rows * cols);
   const std::size_t bytes = data.size() * sizeof(float);
-  void* src = device_memory(*r.sim, 0, bytes, data.data());
-  void* dst = device_memory(*r.sim, 0, bytes);
+  void* src = r.device_memory(bytes, 0, data.data());
+  void* dst = r.device_memory(bytes, 0);
   copy_request compact = transposed(gpu0, gpu0, src, dst, rows * cols, 1);
   compact.layout = {4, {rows * cols}, {1}};
   compact.compact = true;
   SECTION("a copy that cannot be enqueued") {
     r.sim->fail_call("cudaMemcpyAsync", 1, cuda::error::launch_failure);
-    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
                    {"cudaMemcpyAsync", "cuda:0", "cudaErrorLaunchFailure"});
   }
   SECTION("a gather kernel that cannot be launched") {
     r.sim->fail_call("dlasyncGatherKernel", 1, cuda::error::launch_failure);
-    require_status(wait(copy_on_gpu(core, {gpu0, 0}, transposed(gpu0, gpu0, src, dst, rows, cols))),
+    require_status(wait(copy_on_gpu(with, {gpu0, 0}, transposed(gpu0, gpu0, src, dst, rows, cols))),
                    absl::StatusCode::kInternal,
                    {"dlasync gather kernel", "cuda:0", "cudaErrorLaunchFailure"});
   }
   SECTION("a marker for the copy that cannot be recorded") {
     r.sim->fail_call("cudaEventRecord", 1, cuda::error::unknown);
-    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
                    {"cudaEventRecord", "cuda:0", "cudaErrorUnknown"});
   }
   SECTION("a producer whose stream could not be recorded: nothing is enqueued") {
     compact.produced = done_marker(absl::InternalError("cudaEventRecord failed on cuda:0"));
     const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
-    require_status(wait(copy_on_gpu(core, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
                    {"cudaEventRecord"});
     CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
   }
@@ -232,8 +211,8 @@ TEST_CASE("copy_on_gpu reports a failed copy, kernel or producer as its status",
 }
 
 TEST_CASE("copy_on_gpu of no bytes completes without a copy", "[transfer][copy][cuda]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
+  testing::copy_rig r;
+  const copy_services with = r.services();
   copy_request req;
   req.path = transfer_path::within_gpu;
   req.source = gpu0;
@@ -241,23 +220,23 @@ TEST_CASE("copy_on_gpu of no bytes completes without a copy", "[transfer][copy][
   req.layout = {4, {0}, {1}};
   req.compact = true;
   const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
-  REQUIRE(wait(copy_on_gpu(core, {gpu0, 0}, req)).ok());
+  REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, req)).ok());
   CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
 }
 
 TEST_CASE("a strided download is compacted on its GPU, then staged to the host",
           "[transfer][copy][cuda][staging]") {
-  testing::sim_runtime r = checked_runtime();
-  runtime_core& core = core_of(*r.rt);
+  testing::copy_rig r;
+  const copy_services with = r.services();
   constexpr std::int64_t rows = 64;
   constexpr std::int64_t cols = 128;  // 32 KiB: 8 pieces through 4 KiB chunks
   const std::vector<float> data = iota_floats(rows * cols);
-  void* src = device_memory(*r.sim, 1, data.size() * sizeof(float), data.data());
+  void* src = r.device_memory(data.size() * sizeof(float), 1, data.data());
   std::vector<float> out(data.size());
   copy_request req = transposed(gpu1, device{device_kind::cpu, 0}, src, out.data(), rows, cols);
   req.path = transfer_path::gpu_to_host;
   const std::uint64_t on_gpu = r.sim->device_bytes_in_use(1);
-  REQUIRE(wait(download_through_staging(core, {gpu1, 0}, req)).ok());
+  REQUIRE(wait(download_through_staging(with, {gpu1, 0}, req)).ok());
   CHECK(wrong_transpose(out.data(), data, rows, cols) == 0);
   CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
   // The compact temporary goes once the download has read it.

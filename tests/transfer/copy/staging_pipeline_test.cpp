@@ -20,6 +20,7 @@
 #include "runtime/src/handoff.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
+#include "transfer/copy/copy_rig.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -32,51 +33,9 @@ constexpr int chunk_count = 2;
 // 16 pieces of one chunk each through 2 chunks.
 constexpr std::size_t total_bytes = 16 * chunk_bytes;
 
-// A CUDA context on two simulated GPUs (rules and race checks on) whose
-// completions run on a work pool, as a runtime's do, with two chunks of
-// 4 KiB; torn down in the runtime's order.
-struct staging_rig {
-  std::shared_ptr<cuda::sim_api> sim;
-  work_pool pool{2, 0ns};
-  std::shared_ptr<handoff> completions = std::make_shared<handoff>();
-  std::shared_ptr<std::atomic<int>> chunks_in_use = std::make_shared<std::atomic<int>>(0);
-  std::shared_ptr<cuda_context> context;
-
-  staging_rig() {
-    cuda::sim_options so;
-    so.check_order = true;
-    so.on_report = cuda::report_action::collect;
-    sim = std::make_shared<cuda::sim_api>(so);
-    completions->attach(pool);
-    cuda_options o;
-    o.staging_chunk_bytes = chunk_bytes;
-    o.staging_chunks = chunk_count;
-    o.completions = completions;
-    o.chunks_in_use = chunks_in_use;
-    absl::StatusOr<std::shared_ptr<cuda_context>> c = cuda_context::create(sim, o, {true, true});
-    REQUIRE(c.ok());
-    context = *std::move(c);
-  }
-  staging_rig(const staging_rig&) = delete;
-  staging_rig& operator=(const staging_rig&) = delete;
-  ~staging_rig() {
-    context->quiesce();
-    completions->detach();
-    pool.drain();
-    context.reset();
-  }
-
-  cuda::stream_t stream() const { return context->stream(0, 0); }
-
-  void* device_memory(std::size_t bytes) {
-    absl::StatusOr<device_guard> on = device_guard::enter(*sim, 0);
-    REQUIRE(on.ok());
-    void* p = nullptr;
-    REQUIRE(sim->malloc_device(&p, bytes) == cuda::error::success);
-    std::memset(p, 0, bytes);
-    return p;
-  }
-  void free_device_memory(void* p) { REQUIRE(sim->free_device(p) == cuda::error::success); }
+// Two chunks of 4 KiB on two simulated GPUs, with a pool of two workers.
+struct staging_rig : testing::copy_rig {
+  staging_rig() : copy_rig({.chunk_bytes = chunk_bytes, .chunks = chunk_count}) {}
 };
 
 std::vector<unsigned char> pattern(std::size_t bytes) {

@@ -35,8 +35,8 @@ struct path_stream {
   marker_ptr done;
 };
 
-path_stream enter_stream(runtime_core& core, stream_slot s, const copy_request& r) {
-  path_stream on{core.cuda()->shared_context(), s.device.ordinal, nullptr, nullptr};
+path_stream enter_stream(const copy_services& with, stream_slot s, const copy_request& r) {
+  path_stream on{with.cuda->shared_from_this(), s.device.ordinal, nullptr, nullptr};
   on.stream = on.context->stream(on.device, s.index);
   if (absl::Status st = follow_producer(*on.context, r, on.device, on.stream); !st.ok()) {
     on.done = done_marker(st);
@@ -119,8 +119,8 @@ absl::Status enqueue(const std::shared_ptr<cuda_context>& context, const copy_re
 
 }  // namespace
 
-marker_ptr copy_on_gpu(runtime_core& core, stream_slot s, const copy_request& request) {
-  const path_stream on = enter_stream(core, s, request);
+marker_ptr copy_on_gpu(const copy_services& with, stream_slot s, const copy_request& request) {
+  const path_stream on = enter_stream(with, s, request);
   if (on.done) return on.done;
   const std::shared_ptr<cuda_context>& context = on.context;
   cuda_context& ctx = *context;
@@ -143,17 +143,19 @@ marker_ptr copy_on_gpu(runtime_core& core, stream_slot s, const copy_request& re
   return failed;
 }
 
-marker_ptr upload_through_staging(runtime_core& core, stream_slot s, const copy_request& request) {
-  const path_stream on = enter_stream(core, s, request);
+marker_ptr upload_through_staging(const copy_services& with, stream_slot s,
+                                  const copy_request& request) {
+  const path_stream on = enter_stream(with, s, request);
   if (on.done) return on.done;
   // The plan refused uploads whose rows do not fit a chunk.
-  auto p = staging_pipeline::upload(on.context, core.workers(), on.device, request);
+  auto p = staging_pipeline::upload(on.context, *with.workers, on.device, request);
   p->start(on.stream);
   return p->done();
 }
 
-marker_ptr download_through_staging(runtime_core& core, stream_slot s, copy_request request) {
-  const path_stream on = enter_stream(core, s, request);
+marker_ptr download_through_staging(const copy_services& with, stream_slot s,
+                                    copy_request request) {
+  const path_stream on = enter_stream(with, s, request);
   if (on.done) return on.done;
   const std::shared_ptr<cuda_context>& context = on.context;
   cuda_context& ctx = *context;
@@ -181,7 +183,7 @@ marker_ptr download_through_staging(runtime_core& core, stream_slot s, copy_requ
   }
   copy_request out = std::move(request);
   out.layout = strided_layout{1, {static_cast<std::int64_t>(out.bytes)}, {1}};
-  auto p = staging_pipeline::download(context, core.workers(), device, out, compact_source);
+  auto p = staging_pipeline::download(context, *with.workers, device, out, compact_source);
   p->start(stream);
   if (temp == nullptr) return p->done();
   auto freed = std::make_shared<completion_marker>();

@@ -10,13 +10,15 @@
 
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
-#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/copy_services.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 
 namespace dlasync::detail {
 
-marker_ptr copy_on_gpu(runtime_core& core, stream_slot s, const copy_request& request);
-marker_ptr upload_through_staging(runtime_core& core, stream_slot s, const copy_request& request);
-marker_ptr download_through_staging(runtime_core& core, stream_slot s, copy_request request);
+// Each needs `with.cuda` and, through the staging pipeline, `with.workers`.
+marker_ptr copy_on_gpu(const copy_services& with, stream_slot s, const copy_request& request);
+marker_ptr upload_through_staging(const copy_services& with, stream_slot s,
+                                  const copy_request& request);
+marker_ptr download_through_staging(const copy_services& with, stream_slot s, copy_request request);
 
 }  // namespace dlasync::detail

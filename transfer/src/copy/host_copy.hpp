@@ -6,7 +6,7 @@
 
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
-#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/copy_services.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/kernels/strided_copy.hpp"
 
@@ -15,15 +15,15 @@ namespace dlasync::detail {
 // Runs `request` (path host_to_host) on host stream `s`. The marker
 // completes when the copy has finished, or stopped early on cancellation
 // (request.control->aborted then says so).
-marker_ptr copy_on_host(runtime_core& core, stream_slot s, copy_request request);
+marker_ptr copy_on_host(const copy_services& with, stream_slot s, copy_request request);
 
 // Runs `copy` from `from` (its first element) to `to` inside this call, on
 // this thread, with idle workers helping when the copy is large enough to
-// split (runtime_options::parallel_copy_bytes). The copy is cut into slices
+// split (copy_services::parallel_copy_bytes). The copy is cut into slices
 // that this thread and the helpers claim in turn: a helper that wakes late
 // finds nothing left, and this thread never waits on a slice nobody has
 // started, so it is held for at most the time the whole copy takes on one
 // thread, plus one slice. It returns when every byte is written.
-void copy_here(runtime_core& core, const strided_copy& copy, const void* from, void* to);
+void copy_here(const copy_services& with, const strided_copy& copy, const void* from, void* to);
 
 }  // namespace dlasync::detail

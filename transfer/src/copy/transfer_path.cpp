@@ -20,15 +20,15 @@ std::optional<byte_path> counted_path(transfer_path path) noexcept {
   return std::nullopt;
 }
 
-marker_ptr start_copy(runtime_core& core, stream_slot s, copy_request request) {
+marker_ptr start_copy(const copy_services& with, stream_slot s, copy_request request) {
   const cuda::owner_scope tagged(request.control ? request.control->owner : 0);
   switch (request.path) {
-    case transfer_path::host_to_host: return copy_on_host(core, s, std::move(request));
+    case transfer_path::host_to_host: return copy_on_host(with, s, std::move(request));
     case transfer_path::pinned_to_gpu:
     case transfer_path::within_gpu:
-    case transfer_path::gpu_to_gpu: return copy_on_gpu(core, s, request);
-    case transfer_path::pageable_to_gpu: return upload_through_staging(core, s, request);
-    case transfer_path::gpu_to_host: return download_through_staging(core, s, std::move(request));
+    case transfer_path::gpu_to_gpu: return copy_on_gpu(with, s, request);
+    case transfer_path::pageable_to_gpu: return upload_through_staging(with, s, request);
+    case transfer_path::gpu_to_host: return download_through_staging(with, s, std::move(request));
     case transfer_path::view:
     case transfer_path::view_after_producer: break;
   }

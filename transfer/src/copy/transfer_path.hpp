@@ -12,8 +12,8 @@
 #include "dlasync/dlpack_stream.hpp"
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
-#include "runtime/src/runtime_core.hpp"
 #include "runtime/src/runtime_counters.hpp"
+#include "transfer/src/copy/copy_services.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 #include "transfer/src/plan/transfer_plan.hpp"
 
@@ -58,6 +58,6 @@ struct copy_request {
 // marker completes, with the copy's status, once the copy has finished
 // reading the source and writing the destination; after a failure or a
 // cancellation, only once nothing enqueued for it can touch them any more.
-marker_ptr start_copy(runtime_core& core, stream_slot s, copy_request request);
+marker_ptr start_copy(const copy_services& with, stream_slot s, copy_request request);
 
 }  // namespace dlasync::detail

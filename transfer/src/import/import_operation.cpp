@@ -28,6 +28,18 @@ device_buffer holding_budget(device_buffer memory, std::uint64_t bytes,
       });
 }
 
+copy_services copy_services_of(runtime_core& core) noexcept {
+  copy_services with;
+  with.workers = &core.workers();
+  with.host = &core.host();
+  if (cuda_backend* cuda = core.cuda(); cuda != nullptr) with.cuda = &cuda->context();
+  with.cuda_api = core.cuda_api();
+  with.parallel_copy_bytes = core.options().parallel_copy_bytes;
+  with.worker_threads = core.options().worker_threads;
+  with.unit_observer = &core.hooks().copy_unit_observer;
+  return with;
+}
+
 void release_later(runtime_core& core, managed_tensor source) {
   if (source.empty()) return;
   // Without a deleter there is nothing to run: nothing is handed over, and
@@ -190,7 +202,7 @@ void import_operation::on_budget(absl::Status status) {
   request.compact = plan_.compact;
   request.produced = produced_;
   request.control = control_;
-  const marker_ptr copied = start_copy(core_, stream, std::move(request));
+  const marker_ptr copied = start_copy(copy_services_of(core_), stream, std::move(request));
   if (caller_stream_follows(copied)) {
     // The caller's stream follows the copy on the device: resume now, and
     // release the source when the copy has read it.

@@ -15,6 +15,7 @@
 #include "dlasync/device_buffer.hpp"
 #include "runtime/src/budget_wait.hpp"
 #include "runtime/src/runtime_core.hpp"
+#include "transfer/src/copy/copy_services.hpp"
 #include "transfer/src/copy/transfer_path.hpp"
 #include "transfer/src/import/import_start.hpp"
 
@@ -71,6 +72,11 @@ absl::Status failed_after_taking(absl::Status status, const import_plan& plan);
 // freed.
 device_buffer holding_budget(device_buffer memory, std::uint64_t bytes,
                              std::shared_ptr<memory_budget> budget);
+
+// What the copy engine may use of `core` (transfer/src/copy/copy_services.hpp):
+// the import orchestrator lends it, and is the one part of transfer that
+// reaches the runtime's core.
+copy_services copy_services_of(runtime_core& core) noexcept;
 
 // Hands `source`, consumed and read by nothing any more, to the runtime's
 // releaser, which runs its deleter (runtime/src/releaser.hpp): a producer's

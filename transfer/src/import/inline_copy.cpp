@@ -40,7 +40,7 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   }
   const DLTensor& dl = *start.source.dl_tensor();
   const strided_copy copy(start.transfer.layout);
-  copy_here(core, copy, first_element(plan), allocated->data());
+  copy_here(copy_services_of(core), copy, first_element(plan), allocated->data());
   const absl::InlinedVector<std::int64_t, 8> shape(dl.shape, dl.shape + dl.ndim);
   device_buffer buffer = holding_budget(*std::move(allocated), bytes, budget);
   // Nothing reads the source any more.
