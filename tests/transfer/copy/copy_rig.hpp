@@ -10,10 +10,13 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "catch2/catch.hpp"
 #include "runtime/sim/sim_api.hpp"
+#include "runtime/src/completion_marker.hpp"
 #include "runtime/src/cuda/cuda_context.hpp"
 #include "runtime/src/cuda/device_guard.hpp"
 #include "runtime/src/handoff.hpp"
@@ -107,5 +110,14 @@ struct copy_rig {
   }
   void free_device_memory(void* p) { REQUIRE(sim->free_device(p) == cuda::error::success); }
 };
+
+// Waits (30 s at most: a hang guard) for `m` and returns its status.
+inline absl::Status finished(const marker_ptr& m) {
+  auto got = std::make_shared<std::promise<absl::Status>>();
+  std::future<absl::Status> f = got->get_future();
+  m->on_complete([got](absl::Status s) { got->set_value(std::move(s)); });
+  REQUIRE(f.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  return f.get();
+}
 
 }  // namespace dlasync::testing

@@ -7,7 +7,6 @@
 #include "transfer/src/copy/device_copy.hpp"
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <future>
@@ -25,20 +24,10 @@
 namespace dlasync::detail {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::require_status;
 
 const device gpu0{device_kind::cuda, 0};
 const device gpu1{device_kind::cuda, 1};
-
-// Waits (30 s at most: a hang guard) for `m` and returns its status.
-absl::Status wait(const marker_ptr& m) {
-  auto got = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> f = got->get_future();
-  m->on_complete([got](absl::Status s) { got->set_value(std::move(s)); });
-  REQUIRE(f.wait_for(30s) == std::future_status::ready);
-  return f.get();
-}
 
 std::vector<float> iota_floats(std::size_t n) {
   std::vector<float> v(n);
@@ -89,7 +78,7 @@ TEST_CASE("copy_on_gpu copies a compact source with one copy", "[transfer][copy]
   req.layout = {4, {1000}, {1}};
   req.compact = true;
   const std::uint64_t kernels_before = r.sim->call_counts()["dlasyncGatherKernel"];
-  REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, req)).ok());
+  REQUIRE(testing::finished(copy_on_gpu(with, {gpu0, 0}, req)).ok());
   CHECK(std::memcmp(dst, data.data(), bytes) == 0);
   CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == kernels_before);
   REQUIRE(r.sim->free_device(src) == cuda::error::success);
@@ -107,7 +96,9 @@ TEST_CASE("copy_on_gpu gathers a strided source with the kernel, on its GPU or a
   SECTION("on the source's GPU") {
     void* src = r.device_memory(bytes, 1, data.data());
     void* dst = r.device_memory(bytes, 1);
-    REQUIRE(wait(copy_on_gpu(with, {gpu1, 1}, transposed(gpu1, gpu1, src, dst, rows, cols))).ok());
+    REQUIRE(testing::finished(
+                copy_on_gpu(with, {gpu1, 1}, transposed(gpu1, gpu1, src, dst, rows, cols)))
+                .ok());
     CHECK(wrong_transpose(dst, data, rows, cols) == 0);
     CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
     REQUIRE(r.sim->free_device(src) == cuda::error::success);
@@ -117,7 +108,9 @@ TEST_CASE("copy_on_gpu gathers a strided source with the kernel, on its GPU or a
     void* src = r.device_memory(bytes, 1, data.data());
     void* dst = r.device_memory(bytes, 0);
     const std::uint64_t on_source = r.sim->device_bytes_in_use(1);
-    REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, transposed(gpu1, gpu0, src, dst, rows, cols))).ok());
+    REQUIRE(testing::finished(
+                copy_on_gpu(with, {gpu0, 0}, transposed(gpu1, gpu0, src, dst, rows, cols)))
+                .ok());
     CHECK(wrong_transpose(dst, data, rows, cols) == 0);
     CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
     // The temporary on the source GPU is freed once the copy has read it.
@@ -158,9 +151,9 @@ TEST_CASE("copy_on_gpu reads the source only after the producer's stream got the
   context->quiesce();
   CHECK_FALSE(copied->done());
   gate.set_value();
-  REQUIRE(wait(copied).ok());
+  REQUIRE(testing::finished(copied).ok());
   CHECK(std::memcmp(dst, data.data(), bytes) == 0);
-  REQUIRE(wait(req.produced).ok());
+  REQUIRE(testing::finished(req.produced).ok());
   {
     absl::StatusOr<device_guard> on = device_guard::enter(*r.sim, 0);
     REQUIRE(r.sim->stream_destroy(producer) == cuda::error::success);
@@ -185,25 +178,27 @@ TEST_CASE("copy_on_gpu reports a failed copy, kernel or producer as its status",
   compact.compact = true;
   SECTION("a copy that cannot be enqueued") {
     r.sim->fail_call("cudaMemcpyAsync", 1, cuda::error::launch_failure);
-    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
+    require_status(testing::finished(copy_on_gpu(with, {gpu0, 0}, compact)),
+                   absl::StatusCode::kInternal,
                    {"cudaMemcpyAsync", "cuda:0", "cudaErrorLaunchFailure"});
   }
   SECTION("a gather kernel that cannot be launched") {
     r.sim->fail_call("dlasyncGatherKernel", 1, cuda::error::launch_failure);
-    require_status(wait(copy_on_gpu(with, {gpu0, 0}, transposed(gpu0, gpu0, src, dst, rows, cols))),
+    require_status(testing::finished(
+                       copy_on_gpu(with, {gpu0, 0}, transposed(gpu0, gpu0, src, dst, rows, cols))),
                    absl::StatusCode::kInternal,
                    {"dlasync gather kernel", "cuda:0", "cudaErrorLaunchFailure"});
   }
   SECTION("a marker for the copy that cannot be recorded") {
     r.sim->fail_call("cudaEventRecord", 1, cuda::error::unknown);
-    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
-                   {"cudaEventRecord", "cuda:0", "cudaErrorUnknown"});
+    require_status(testing::finished(copy_on_gpu(with, {gpu0, 0}, compact)),
+                   absl::StatusCode::kInternal, {"cudaEventRecord", "cuda:0", "cudaErrorUnknown"});
   }
   SECTION("a producer whose stream could not be recorded: nothing is enqueued") {
     compact.produced = done_marker(absl::InternalError("cudaEventRecord failed on cuda:0"));
     const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
-    require_status(wait(copy_on_gpu(with, {gpu0, 0}, compact)), absl::StatusCode::kInternal,
-                   {"cudaEventRecord"});
+    require_status(testing::finished(copy_on_gpu(with, {gpu0, 0}, compact)),
+                   absl::StatusCode::kInternal, {"cudaEventRecord"});
     CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
   }
   REQUIRE(r.sim->free_device(src) == cuda::error::success);
@@ -220,7 +215,7 @@ TEST_CASE("copy_on_gpu of no bytes completes without a copy", "[transfer][copy][
   req.layout = {4, {0}, {1}};
   req.compact = true;
   const std::uint64_t copies = r.sim->call_counts()["cudaMemcpyAsync"];
-  REQUIRE(wait(copy_on_gpu(with, {gpu0, 0}, req)).ok());
+  REQUIRE(testing::finished(copy_on_gpu(with, {gpu0, 0}, req)).ok());
   CHECK(r.sim->call_counts()["cudaMemcpyAsync"] == copies);
 }
 
@@ -236,7 +231,7 @@ TEST_CASE("a strided download is compacted on its GPU, then staged to the host",
   copy_request req = transposed(gpu1, device{device_kind::cpu, 0}, src, out.data(), rows, cols);
   req.path = transfer_path::gpu_to_host;
   const std::uint64_t on_gpu = r.sim->device_bytes_in_use(1);
-  REQUIRE(wait(download_through_staging(with, {gpu1, 0}, req)).ok());
+  REQUIRE(testing::finished(download_through_staging(with, {gpu1, 0}, req)).ok());
   CHECK(wrong_transpose(out.data(), data, rows, cols) == 0);
   CHECK(r.sim->call_counts()["dlasyncGatherKernel"] == 1);
   // The compact temporary goes once the download has read it.

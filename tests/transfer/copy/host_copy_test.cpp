@@ -8,9 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <future>
 #include <memory>
 #include <vector>
 
@@ -23,22 +21,12 @@
 namespace dlasync::detail {
 namespace {
 
-using namespace std::chrono_literals;
 using testing::require_status;
 
 constexpr device cpu0{device_kind::cpu, 0};
 
 testing::copy_rig host_rig(std::uint64_t parallel_copy_bytes = 1 << 20) {
   return testing::copy_rig({.cuda = false, .parallel_copy_bytes = parallel_copy_bytes});
-}
-
-// Waits (30 s at most: a hang guard) for `m` and returns its status.
-absl::Status wait(const marker_ptr& m) {
-  auto got = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> f = got->get_future();
-  m->on_complete([got](absl::Status s) { got->set_value(std::move(s)); });
-  REQUIRE(f.wait_for(30s) == std::future_status::ready);
-  return f.get();
 }
 
 // A `rows` x `cols` float matrix whose rows lie `pad` floats apart in the
@@ -102,7 +90,7 @@ TEST_CASE("copy_on_host gathers a strided source on a host stream", "[transfer][
   padded_source s(64, 48);
   copy_request r = s.request();
   const std::shared_ptr<copy_control> control = r.control;
-  REQUIRE(wait(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
+  REQUIRE(testing::finished(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
   CHECK(s.wrong() == 0);
   CHECK_FALSE(control->aborted.load());
   CHECK(pieces.load() >= 1);
@@ -117,7 +105,7 @@ TEST_CASE("a host copy above parallel_copy_bytes is split among the workers, eve
   rig.unit_observer = [&pieces] { pieces.fetch_add(1, std::memory_order_relaxed); };
   padded_source s(512, 512);
   REQUIRE(strided_copy(s.request().layout).units() >= 2);
-  REQUIRE(wait(copy_on_host(rig.services(), {cpu0, 1}, s.request())).ok());
+  REQUIRE(testing::finished(copy_on_host(rig.services(), {cpu0, 1}, s.request())).ok());
   CHECK(s.wrong() == 0);
   CHECK(pieces.load() >= 2);
 }
@@ -134,7 +122,7 @@ TEST_CASE("a host copy cancelled between pieces stops early and says so",
     pieces.fetch_add(1, std::memory_order_relaxed);
     control->cancel_requested.store(true, std::memory_order_release);
   };
-  REQUIRE(wait(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
+  REQUIRE(testing::finished(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
   CHECK(control->aborted.load());
   CHECK(pieces.load() == 1);
   CHECK(s.wrong() > 0);  // incomplete, as aborted says
@@ -147,7 +135,7 @@ TEST_CASE("a host copy cancelled before its task runs copies nothing",
   copy_request r = s.request();
   r.control->cancel_requested = true;
   const std::shared_ptr<copy_control> control = r.control;
-  REQUIRE(wait(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
+  REQUIRE(testing::finished(copy_on_host(rig.services(), {cpu0, 0}, r)).ok());
   CHECK(control->aborted.load());
   CHECK(s.wrong() == s.out.size());
 }
@@ -167,13 +155,13 @@ TEST_CASE("copy_on_host reads a produced source only once the producer's point i
     CHECK_FALSE(copied->done());
     CHECK(pieces.load() == 0);
     produced->complete(absl::OkStatus());
-    REQUIRE(wait(copied).ok());
+    REQUIRE(testing::finished(copied).ok());
     CHECK(s.wrong() == 0);
   }
   SECTION("the producer's point failed: its status, and nothing copied") {
     r.produced = done_marker(absl::InternalError("cudaEventRecord failed on cuda:0"));
-    require_status(wait(copy_on_host(rig.services(), {cpu0, 0}, r)), absl::StatusCode::kInternal,
-                   {"cudaEventRecord"});
+    require_status(testing::finished(copy_on_host(rig.services(), {cpu0, 0}, r)),
+                   absl::StatusCode::kInternal, {"cudaEventRecord"});
     CHECK(pieces.load() == 0);
     CHECK(s.wrong() == s.out.size());
   }
@@ -204,11 +192,11 @@ TEST_CASE("start_copy runs each path's copy and refuses a view", "[transfer][cop
   testing::copy_rig rig = host_rig();
   padded_source s(8, 8);
   copy_request r = s.request();
-  REQUIRE(wait(start_copy(rig.services(), {cpu0, 0}, r)).ok());
+  REQUIRE(testing::finished(start_copy(rig.services(), {cpu0, 0}, r)).ok());
   CHECK(s.wrong() == 0);
   r.path = transfer_path::view;
-  require_status(wait(start_copy(rig.services(), {cpu0, 0}, r)), absl::StatusCode::kInternal,
-                 {"start_copy was given a view"});
+  require_status(testing::finished(start_copy(rig.services(), {cpu0, 0}, r)),
+                 absl::StatusCode::kInternal, {"start_copy was given a view"});
 }
 
 TEST_CASE("each copying path counts its bytes on its own counter, views on none",

@@ -25,6 +25,16 @@ using testing::second_cpu;
 constexpr std::size_t floats = (8 << 20) / sizeof(float);
 constexpr std::uint64_t budget = 64 << 20;
 
+// `floats` host floats as a 1-d tensor spec.
+struct floats_source {
+  std::vector<float> data = std::vector<float>(floats, 1.0F);
+  testing::tensor_spec spec;
+  floats_source() {
+    spec.shape = {static_cast<std::int64_t>(floats)};
+    spec.data = data.data();
+  }
+};
+
 import_options onto_second_cpu() {
   import_options o;
   o.target = second_cpu;
@@ -36,12 +46,9 @@ import_options onto_second_cpu() {
 TEST_CASE("an import cancelled before it starts completes once with Cancelled",
           "[transfer][import][cancel]") {
   std::unique_ptr<runtime> rt = testing::make_runtime(2, budget);
-  std::vector<float> data(floats, 1.0F);
-  testing::tensor_spec spec;
-  spec.shape = {static_cast<std::int64_t>(floats)};
-  spec.data = data.data();
+  floats_source data;
   deleter_count count;
-  managed_tensor source = testing::make_tensor(spec, count);
+  managed_tensor source = testing::make_tensor(data.spec, count);
   detail::import_begun begun = detail::begin_import(*rt, source, onto_second_cpu());
   REQUIRE_FALSE(begun.ready);  // a copy onto another device: an operation
   REQUIRE(begun.op);
@@ -66,13 +73,10 @@ TEST_CASE("an import cancelled before it starts completes once with Cancelled",
 TEST_CASE("a batch cancelled before it starts completes once, its copies Cancelled",
           "[transfer][import][batch][cancel]") {
   std::unique_ptr<runtime> rt = testing::make_runtime(2, budget);
-  std::vector<float> data(floats, 2.0F);
-  testing::tensor_spec spec;
-  spec.shape = {static_cast<std::int64_t>(floats)};
-  spec.data = data.data();
+  floats_source data;
   std::vector<deleter_count> counts(3);
   std::vector<managed_tensor> sources;
-  for (deleter_count& c : counts) sources.push_back(testing::make_tensor(spec, c));
+  for (deleter_count& c : counts) sources.push_back(testing::make_tensor(data.spec, c));
 
   std::shared_ptr<detail::batch_operation> op = detail::make_batch(*rt);
   detail::cancel(*op);
