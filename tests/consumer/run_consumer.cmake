@@ -22,6 +22,21 @@ if(BUILD_TYPE)
 endif()
 run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} ${config_args})
 
+# Everything installed lies under the prefix: an install never writes into the
+# machine's own folders (the Python package goes to the prefix's site-packages,
+# not the interpreter's).
+file(STRINGS ${BUILD_DIR}/install_manifest.txt manifest)
+foreach(file ${manifest})
+  string(FIND "${file}" "${prefix}/" at)
+  if(NOT at EQUAL 0)
+    message(FATAL_ERROR "the install wrote ${file}, outside its prefix ${prefix}")
+  endif()
+endforeach()
+file(GLOB python_package ${prefix}/lib/python3*/site-packages/dlasync/__init__.py)
+if(WITH_PYTHON AND NOT python_package)
+  message(FATAL_ERROR "the Python package is not under ${prefix}/lib/python3*/site-packages")
+endif()
+
 file(GLOB_RECURSE installed RELATIVE ${prefix}/include ${prefix}/include/dlasync/*)
 list(SORT installed)
 file(STRINGS ${HEADER_LIST} expected)
