@@ -84,6 +84,9 @@ absl::Status runtime_core::start(const process_topology& topology) {
     DLASYNC_ASSIGN_OR_RETURN(cuda_, cuda_backend::create(cuda_api_, o, [&topology](int ordinal) {
                                return topology.owns_cuda_ordinal(ordinal);
                              }));
+    // Page-locked memory is the CUDA backend's to place once there is one;
+    // without it, the host backend serves cuda_host for reading only.
+    std::erase_if(served, [](const served_devices& s) { return s.kind == device_kind::cuda_host; });
     serve(*cuda_);
     staging_chunks_ = static_cast<std::uint64_t>(options_.staging_chunks);
   }

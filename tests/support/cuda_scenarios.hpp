@@ -123,6 +123,85 @@ inline void scenario_host_to_gpu(runtime& rt, int target,
   }
 }
 
+// Pageable host memory onto cuda_host: DLPack's kDLCUDAHost promises
+// page-locked memory, so the import copies (inline when small, on the
+// workers when large, compacted when strided) into memory that CUDA itself
+// reports page-locked: imported on to GPU `gpu`, it goes in one copy
+// (pinned_to_gpu), not through the staging chunks. copy=false refuses,
+// leaving the tensor with its owner; a source labelled cuda_host is viewed.
+inline void scenario_host_to_page_locked(runtime& rt, int gpu) {
+  const device pinned{device_kind::cuda_host, 0};
+  for (const std::int64_t floats : {std::int64_t{1024}, std::int64_t{2} << 20}) {
+    for (const bool strided : {false, true}) {
+      INFO(floats * 4 << " bytes" << (strided ? ", every other element" : ""));
+      std::vector<float> host(static_cast<std::size_t>(strided ? 2 * floats : floats));
+      std::iota(host.begin(), host.end(), 0.5F);
+      tensor_spec s;
+      s.shape = {floats};
+      if (strided) s.strides = std::vector<std::int64_t>{2};
+      s.data = host.data();
+
+      deleter_count kept;
+      managed_tensor refused = make_tensor(s, kept);
+      import_options no_copy;
+      no_copy.target = pinned;
+      no_copy.copy = false;
+      absl::StatusOr<tensor> r = import_now(rt, refused, no_copy);
+      require_status(r.status(), absl::StatusCode::kFailedPrecondition,
+                     {"copy=false", "page-locked target", "cuda_host"});
+      CHECK(import_error_of(r.status())->rule == "copy");
+      CHECK_FALSE(refused.empty());
+      CHECK(kept.calls == 0);
+
+      deleter_count count;
+      managed_tensor source = make_tensor(s, count);
+      import_options o;
+      o.target = pinned;
+      absl::StatusOr<tensor> t = import_now(rt, source, o);
+      REQUIRE(t.ok());
+      CHECK(t->device() == pinned);
+      CHECK(t->is_copy());
+      CHECK(t->data() != static_cast<const void*>(host.data()));
+      CHECK(released(count));
+      const auto* out = static_cast<const float*>(t->data());
+      bool same = true;
+      for (std::int64_t i = 0; i < floats; ++i) {
+        same = same && out[i] == host[static_cast<std::size_t>(strided ? 2 * i : i)];
+      }
+      CHECK(same);
+
+      // CUDA's own pointer query calls the copy page-locked: one copy up.
+      absl::StatusOr<DLManagedTensorVersioned*> exported = t->to_dlpack_versioned();
+      REQUIRE(exported.ok());
+      managed_tensor again(*exported);
+      import_options up;
+      up.target = device{device_kind::cuda, gpu};
+      const std::uint64_t pinned_before = rt.stats().bytes.pinned_to_gpu;
+      const std::uint64_t staged_before = rt.stats().bytes.pageable_to_gpu;
+      absl::StatusOr<tensor> on_gpu = import_now(rt, again, up);
+      REQUIRE(on_gpu.ok());
+      CHECK(rt.stats().bytes.pinned_to_gpu ==
+            pinned_before + static_cast<std::uint64_t>(floats) * 4);
+      CHECK(rt.stats().bytes.pageable_to_gpu == staged_before);
+      CHECK(read_back(*cuda_of(rt), *on_gpu) ==
+            std::vector<std::uint8_t>(static_cast<const std::uint8_t*>(t->data()),
+                                      static_cast<const std::uint8_t*>(t->data()) + floats * 4));
+
+      // Labelled page-locked already: a view.
+      tensor_spec p = s;
+      p.device = pinned;
+      p.strides.reset();
+      p.data = t->data();
+      deleter_count viewed;
+      managed_tensor labelled = make_tensor(p, viewed);
+      absl::StatusOr<tensor> view = import_now(rt, labelled, o);
+      REQUIRE(view.ok());
+      CHECK(view->is_view());
+      CHECK(view->data() == t->data());
+    }
+  }
+}
+
 // Every layout and dtype of GPU memory back to the host, element by element.
 inline void scenario_gpu_layouts_to_host(runtime& rt, int source_device) {
   for (const dtype type : supported_dtypes()) {

@@ -50,14 +50,18 @@ const char* cuda_backend::name() const noexcept {
 std::vector<served_devices> cuda_backend::served() const {
   // Managed memory is read in place (views on its GPU) or copied from; the
   // backend never places copies there.
+  // Page-locked host memory (one cuda_host device) takes copies: an import
+  // onto cuda_host lands in cudaMallocHost memory.
   return {{name(), device_kind::cuda, context_->device_count(), true},
-          {name(), device_kind::cuda_managed, context_->device_count(), false}};
+          {name(), device_kind::cuda_managed, context_->device_count(), false},
+          {name(), device_kind::cuda_host, 1, true}};
 }
 
 absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t bytes,
                                                      std::size_t alignment, stream_slot s,
                                                      const free_stream_cell& free_stream) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
+  if (d.kind == device_kind::cuda_host) return allocate_pinned(d, bytes, alignment);
   cuda::stream_t stream = context_->stream(d.ordinal, s.index);
   // Pools hand out 256-byte aligned blocks; more is asked of by padding.
   const std::uint64_t pad = alignment > 256 ? alignment : 0;
@@ -82,6 +86,20 @@ absl::StatusOr<device_buffer> cuda_backend::allocate(device d, std::uint64_t byt
                         : stream;
         (void)context->release_memory(ordinal, base, on);
       });
+}
+
+absl::StatusOr<device_buffer> cuda_backend::allocate_pinned(device d, std::uint64_t bytes,
+                                                            std::size_t alignment) {
+  // cudaMallocHost hands out page-aligned blocks; more is asked of by padding.
+  const std::uint64_t pad = alignment > 4096 ? alignment : 0;
+  void* base = nullptr;
+  DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocHost", -1,
+                               context_->api().malloc_host(&base, bytes + pad));
+  const auto address = reinterpret_cast<std::uintptr_t>(base);
+  const std::uint64_t skip = pad == 0 ? 0 : (alignment - address % alignment) % alignment;
+  return device_buffer(
+      d, static_cast<char*>(base) + skip, bytes,
+      [context = context_, base](void*, std::uint64_t) { (void)context->api().free_host(base); });
 }
 
 absl::StatusOr<device_buffer> cuda_backend::allocate_unordered(device d, std::uint64_t bytes) {

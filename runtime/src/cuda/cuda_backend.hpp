@@ -29,10 +29,17 @@ class cuda_backend final : public backend {
 
   const char* name() const noexcept override;
   std::vector<served_devices> served() const override;
-  // Stream-ordered device memory on stream `s` of `d` (a cuda device).
+  // Stream-ordered device memory on stream `s` of `d` (a cuda device), or
+  // page-locked host memory when `d` is cuda_host (allocate_pinned).
   absl::StatusOr<device_buffer> allocate(device d, std::uint64_t bytes, std::size_t alignment,
                                          stream_slot s,
                                          const free_stream_cell& free_stream) override;
+  // Page-locked host memory (cudaMallocHost) for a cuda_host target,
+  // aligned to `alignment`; freed at once when the buffer goes (nothing
+  // stream-ordered writes it).
+  absl::StatusOr<device_buffer> allocate_pinned(device d, std::uint64_t bytes,
+                                                std::size_t alignment);
+
   void quiesce() override { context_->quiesce(); }
 
   // Memory for the caller (runtime::allocate): device memory usable on any

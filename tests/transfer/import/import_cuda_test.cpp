@@ -58,6 +58,12 @@ TEST_CASE("host tensors reach a GPU through pinned staging, never pageable copie
   testing::scenario_host_to_gpu(*r.rt, 1, [&] { return r.sim->stats().pageable_copies; });
 }
 
+TEST_CASE("pageable host memory imported onto cuda_host is copied into page-locked memory",
+          "[cuda][import]") {
+  sim_runtime r = make_sim_runtime();
+  testing::scenario_host_to_page_locked(*r.rt, 1);
+}
+
 TEST_CASE("GPU tensors come back to the host, strided ones compacted first", "[cuda][import]") {
   sim_runtime r = make_sim_runtime();
   testing::scenario_gpu_to_host(*r.rt, 0);

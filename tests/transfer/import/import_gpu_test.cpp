@@ -51,6 +51,10 @@ TEST_CASE("GPU: host tensors reach the GPU through pinned staging", "[gpu]") {
   testing::scenario_host_to_gpu(*real_runtime(), 0);
 }
 
+TEST_CASE("GPU: pageable host memory onto cuda_host lands in page-locked memory", "[gpu]") {
+  testing::scenario_host_to_page_locked(*real_runtime(), 0);
+}
+
 TEST_CASE("GPU: GPU tensors come back to the host", "[gpu]") {
   std::unique_ptr<runtime> rt = real_runtime();
   testing::scenario_gpu_to_host(*rt, 0);

@@ -113,6 +113,10 @@ enum class copy_reason : std::uint8_t {
   alignment = 4,     // the first element is less aligned than required
   contiguity = 8,    // require_contiguous and the strides are not row-major
   writable = 16,     // require_writable and the source is read-only
+  // The target is page-locked host memory (cuda_host) and the source is
+  // labelled pageable host memory (cpu): DLPack's kDLCUDAHost promises
+  // locked pages, which a relabelled view could not keep.
+  page_locked = 32,
 };
 
 struct import_plan {

@@ -32,7 +32,8 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
     return result;
   }
   absl::StatusOr<device_buffer> allocated =
-      core.host().allocate(plan.target, bytes, plan.alignment, {plan.target, 0});
+      core.backend_for(plan.target.kind)
+          ->allocate(plan.target, bytes, plan.alignment, {plan.target, 0}, nullptr);
   if (!allocated.ok()) {
     budget->release(bytes);
     core.end_operation(op);

@@ -235,6 +235,7 @@ std::string import_plan::copy_reason_names() const {
   if (has(copy_reason::alignment)) names.push_back("alignment");
   if (has(copy_reason::contiguity)) names.push_back("contiguity");
   if (has(copy_reason::writable)) names.push_back("writable");
+  if (has(copy_reason::page_locked)) names.push_back("page_locked");
   return absl::StrJoin(names, ",");
 }
 
@@ -256,6 +257,13 @@ std::string import_plan::copy_reason_text() const {
         "writability (the source is read-only",
         (flags & flag_read_only) != 0 ? ", flag READ_ONLY" : ", zero or negative strides",
         ", and require_writable is set)"));
+  }
+  if (has(copy_reason::page_locked)) {
+    parts.push_back(absl::StrCat("page-locked target (", target.name(),
+                                 " is page-locked memory and the source is labelled pageable ",
+                                 source.name(),
+                                 " memory; a producer whose pages are locked "
+                                 "exports them as cuda_host)"));
   }
   return parts.empty() ? std::string("none") : absl::StrJoin(parts, ", ");
 }
@@ -335,6 +343,9 @@ absl::Status plan_import_into(const managed_tensor& tensor, const import_options
   if (plan.element_count > 0 && plan.address % plan.alignment != 0) add(copy_reason::alignment);
   if (options.require_contiguous && !plan.compact) add(copy_reason::contiguity);
   if (options.require_writable && plan.read_only) add(copy_reason::writable);
+  if (plan.target.kind == device_kind::cuda_host && plan.source.kind == device_kind::cpu) {
+    add(copy_reason::page_locked);
+  }
   plan.copy_reasons = reasons;
 
   if (plan.needs_copy() && options.copy == false) {
