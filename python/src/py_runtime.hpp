@@ -32,8 +32,8 @@ struct import_args {
   pybind11::object device = pybind11::none();
   pybind11::object copy = pybind11::none();
   pybind11::object stream = pybind11::none();
-  bool require_contiguous = false;
-  bool require_writable = false;
+  pybind11::object require_contiguous = pybind11::bool_(false);
+  pybind11::object require_writable = pybind11::bool_(false);
 };
 
 class py_runtime {
