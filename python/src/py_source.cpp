@@ -307,10 +307,11 @@ taken_source take_exchange(py::handle obj, const exchange_api& api, batch_member
   return s;
 }
 
-py::capsule export_capsule(const tensor& t, bool versioned) {
+py::capsule export_capsule(const tensor& t, bool versioned, bool copied) {
   if (versioned) {
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
     if (!out.ok()) raise_status(out.status());
+    if (copied) (*out)->flags |= flag_is_copied;
     PyObject* c = PyCapsule_New(*out, kVersioned, &capsule_destructor);
     if (c == nullptr) {
       (*out)->deleter(*out);

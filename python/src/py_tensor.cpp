@@ -77,7 +77,8 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
           " is a simulated GPU; its memory is host memory that only "
           "dlasync reads as device memory: import it with dlasync, or copy it to the host"));
     }
-    return export_capsule(c.value, versioned);
+    // The standard: when a copy happens, IS_COPIED must be set.
+    return export_capsule(c.value, versioned, /*copied=*/true);
   }
   if (has_negative_stride(t)) {
     throw py::buffer_error(absl::StrCat(
