@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "dlasync/device_registry.hpp"
 #include "dlasync/runtime.hpp"
 #include "py_args.hpp"
 #include "py_async.hpp"
@@ -72,6 +73,18 @@ import_args args_of(py::object device, py::object copy, py::object stream, py::o
                     py::object writable) {
   return import_args{std::move(device), std::move(copy), std::move(stream), std::move(contiguous),
                      std::move(writable)};
+}
+
+// The devices an import can place a tensor on: those whose backend
+// allocates there (cuda_host and cuda_managed are read, not written).
+py::list import_targets(py_runtime& rt) {
+  const device_registry& registry = rt.get().registry();
+  py::list out;
+  for (device d : registry.addressable_devices()) {
+    const served_devices* served = registry.find(d.kind);
+    if (served != nullptr && served->allocates) out.append(py_device{d});
+  }
+  return out;
 }
 
 }  // namespace
@@ -163,7 +176,12 @@ stream when None is given.)")
             for (device d : rt.get().registry().addressable_devices()) out.append(py_device{d});
             return out;
           },
-          "Every device this process addresses: a tensor there can be imported.")
+          "Every device this process addresses: a tensor there can be imported. Not all of them "
+          "can receive one: see targets.")
+      .def_property_readonly("targets", &import_targets,
+                             "The devices an import can place a tensor on (device=): those of "
+                             "devices where dlasync allocates; cuda_host and cuda_managed memory "
+                             "is read, never allocated.")
       .def("is_simulated",
            [](py_runtime& rt, py::handle d) { return rt.get().is_simulated(parse_device(d)); })
       .def("describe",
