@@ -40,10 +40,28 @@ def test_a_device_this_process_does_not_serve_is_a_buffer_error(rt):
     assert p.deletes == 1  # by its own capsule
 
 
-def test_copy_false_when_a_copy_is_needed(rt):
-    with pytest.raises(BufferError, match="cross-device") as e:
-        rt.from_dlpack(np.arange(4.0), device="cpu:1", copy=False)
+def test_copy_false_when_a_copy_is_needed_is_a_value_error(rt):
+    # The array API standard's from_dlpack: "ValueError: If data exchange is
+    # possible via an explicit copy but copy is set to False."
+    p = CountingProducer(np.arange(4.0))
+    with pytest.raises(ValueError, match="cross-device") as e:
+        rt.from_dlpack(p, device="cpu:1", copy=False)
+    assert not isinstance(e.value, BufferError)
     assert e.value.rule == "copy" and e.value.copy_reasons == "cross_device"
+    assert e.value.consumed is False
+    with pytest.raises(ValueError, match="contiguity"):
+        rt.from_dlpack(np.arange(6.0).reshape(2, 3).T, copy=False, require_contiguous=True)
+
+    async def main():
+        with pytest.raises(ValueError, match="cross-device"):
+            await rt.import_dlpack(p, device="cuda:0", copy=False)
+        with pytest.raises(ValueError, match="cross-device"):
+            await rt.import_batch([p, np.arange(2.0)], device="cuda:0", copy=False)
+
+    asyncio.run(main())
+    assert rt.from_dlpack(p, device="cpu:1").is_copy  # allowed to copy, it does
+    gc.collect()
+    assert p.deletes == p.exports
 
 
 def test_a_newer_major_version_is_refused_without_reading_past_it(rt):
