@@ -84,7 +84,9 @@ class py_runtime {
   // `batch` refuses a member that repeats another.
   taken_source take(pybind11::handle x, const import_args& a, import_options& options,
                     batch_members* batch = nullptr);
-  // The stream to pass to `x.__dlpack__`, and to follow.
+  // The stream to pass to `x.__dlpack__`, and to follow. A caller's stream
+  // is checked against where `x` says its memory is (ValueError) before
+  // anything calls `x.__dlpack__`.
   std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);
 
   std::unique_ptr<runtime> rt_;
