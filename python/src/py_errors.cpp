@@ -12,8 +12,11 @@ namespace py = pybind11;
 namespace dlasync::python {
 namespace {
 
-bool is_argument_rule(const std::string& rule) {
-  return rule == "options" || rule == "stream" || rule == "consumer_stream";
+// The rules whose refusals are ValueErrors: a wrong argument, and copy=False
+// when a copy is needed (the array API standard's from_dlpack: "ValueError:
+// if data exchange is possible via an explicit copy but copy is set to False").
+bool is_value_error_rule(const std::string& rule) {
+  return rule == "options" || rule == "stream" || rule == "consumer_stream" || rule == "copy";
 }
 
 PyObject* exception_type(const absl::Status& status, const std::optional<import_error>& why) {
@@ -28,7 +31,7 @@ PyObject* exception_type(const absl::Status& status, const std::optional<import_
     case absl::StatusCode::kDataLoss: return PyExc_RuntimeError;
     default: break;
   }
-  if (is_argument_rule(rule)) return PyExc_ValueError;
+  if (is_value_error_rule(rule)) return PyExc_ValueError;
   if (!rule.empty()) return PyExc_BufferError;
   // Not an import's refusal (a CUDA error in flight, an export): by code.
   if (status.code() == absl::StatusCode::kInvalidArgument ||

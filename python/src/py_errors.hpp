@@ -4,10 +4,11 @@
 // dlasync's message and the import's facts as attributes:
 //
 //   BufferError   the tensor cannot be taken as it is: a device this process
-//                 cannot serve or that is not where the tensor says, copy=False
-//                 when a copy is needed, a layout, dtype or version dlasync
-//                 refuses;
-//   ValueError    an argument is wrong (options, streams);
+//                 cannot serve or that is not where the tensor says, a layout,
+//                 dtype or version dlasync refuses;
+//   ValueError    an argument is wrong (options, streams), or copy=False when
+//                 a copy is needed (rule "copy", as the standard's from_dlpack
+//                 says);
 //   MemoryError   a copy larger than the whole copy budget, memory that ran
 //                 out;
 //   RuntimeError  the runtime is shutting down or shut down during the

@@ -63,12 +63,14 @@ std::uintptr_t address_of(py::handle type, const py::object& attr) {
   std::uintptr_t address = 0;
   if (PyCapsule_CheckExact(attr.ptr()) != 0) {
     const char* name = PyCapsule_GetName(attr.ptr());
-    if (name == nullptr) throw py::error_already_set();
-    if (std::strcmp(name, kCapsuleName) != 0) {
-      refuse({PyExc_TypeError,
-              absl::StrCat("__dlpack_c_exchange_api__ of ", name_of(type), " is a capsule named \"",
-                           name, "\"; the DLPack C exchange API is a capsule named \"",
-                           kCapsuleName, "\"")});
+    if (name == nullptr && PyErr_Occurred() != nullptr) throw py::error_already_set();
+    if (name == nullptr || std::strcmp(name, kCapsuleName) != 0) {
+      refuse(
+          {PyExc_TypeError,
+           absl::StrCat("__dlpack_c_exchange_api__ of ", name_of(type), " is a capsule ",
+                        name == nullptr ? std::string("with no name (NULL)")
+                                        : absl::StrCat("named \"", name, "\""),
+                        "; the DLPack C exchange API is a capsule named \"", kCapsuleName, "\"")});
     }
     address = reinterpret_cast<std::uintptr_t>(PyCapsule_GetPointer(attr.ptr(), kCapsuleName));
     check_address(type, address, "the capsule's pointer");

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/import.hpp"
+#include "py_args.hpp"
 #include "py_errors.hpp"
 #include "py_release.hpp"
 #include "py_source.hpp"
@@ -77,25 +78,29 @@ device parse_device(py::handle d) {
   }
   if (py::isinstance<py::tuple>(d) && py::len(d) == 2) {
     py::tuple t = py::reinterpret_borrow<py::tuple>(d);
-    if (py::isinstance<py::int_>(t[0]) && py::isinstance<py::int_>(t[1])) {
-      const long long code = t[0].cast<long long>();
-      const long long id = t[1].cast<long long>();
-      if (code < 0 || code > INT32_MAX || !is_known_device_kind(static_cast<std::int32_t>(code))) {
-        throw py::value_error(absl::StrCat("DLPack device type ", code,
+    if (is_int(t[0]) && is_int(t[1])) {
+      // Past 64 bits is out of range too: read with the overflow flag.
+      int code_overflow = 0;
+      int id_overflow = 0;
+      const long long code = PyLong_AsLongLongAndOverflow(t[0].ptr(), &code_overflow);
+      const long long id = PyLong_AsLongLongAndOverflow(t[1].ptr(), &id_overflow);
+      if (code_overflow != 0 || code < 0 || code > INT32_MAX ||
+          !is_known_device_kind(static_cast<std::int32_t>(code))) {
+        throw py::value_error(absl::StrCat("DLPack device type ", std::string(py::repr(t[0])),
                                            " is not one DLPack defines (1 is CPU, 2 CUDA, 3 "
                                            "CUDA host, 13 CUDA managed, ...)"));
       }
-      if (id < 0 || id > INT32_MAX) {
-        throw py::value_error(
-            absl::StrCat("DLPack device id ", id, " is out of range: it must be in [0, 2^31)"));
+      if (id_overflow != 0 || id < 0 || id > INT32_MAX) {
+        throw py::value_error(absl::StrCat("DLPack device id ", std::string(py::repr(t[1])),
+                                           " is out of range: it must be in [0, 2^31)"));
       }
       return device{static_cast<device_kind>(code), static_cast<std::int32_t>(id)};
     }
   }
   throw py::type_error(absl::StrCat(
-      "device must be a string such as \"cuda:0\", a DLPack (type, id) tuple of ints or a "
-      "dlasync.Device, not a ",
-      std::string(py::str(py::type::handle_of(d).attr("__name__")))));
+      "device takes a string such as \"cuda:0\", a DLPack (type, id) tuple of ints or a "
+      "dlasync.Device; got ",
+      seen(d)));
 }
 
 py_runtime::py_runtime(runtime_options options) {
@@ -152,14 +157,9 @@ void py_runtime::at_exit() {
 import_options py_runtime::options_of(const import_args& a) const {
   import_options o;
   if (!a.device.is_none()) o.target = parse_device(a.device);
-  if (!a.copy.is_none()) {
-    if (!py::isinstance<py::bool_>(a.copy)) {
-      throw py::type_error("copy must be True, False or None");
-    }
-    o.copy = a.copy.cast<bool>();
-  }
-  o.require_contiguous = a.require_contiguous;
-  o.require_writable = a.require_writable;
+  o.copy = copy_arg(a.copy);
+  o.require_contiguous = flag_arg(a.require_contiguous, "require_contiguous");
+  o.require_writable = flag_arg(a.require_writable, "require_writable");
   return o;
 }
 
@@ -177,13 +177,28 @@ taken_source py_runtime::take(py::handle x, const import_args& a, import_options
 }
 
 std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const import_args& a) {
-  if (!a.stream.is_none()) {
-    if (!py::isinstance<py::int_>(a.stream)) {
-      throw py::type_error(
-          "stream must be an int in DLPack's encoding (a cudaStream_t as an integer, 1 for the "
-          "legacy default stream, 2 for the per-thread default, -1 for none) or None");
+  if (const std::optional<std::int64_t> s = stream_arg(a.stream)) {
+    // A capsule says where its memory is once claimed: the import checks the
+    // stream then, and a refused capsule gets its tensor back.
+    if (PyCapsule_CheckExact(x.ptr()) != 0) return s;
+    if (py::isinstance<py_tensor>(x)) {
+      const device d = x.cast<const py_tensor&>().value.device();
+      return stream_for(d.kind, *s, absl::StrCat("a dlasync.Tensor on ", d.name()));
     }
-    return a.stream.cast<std::int64_t>();
+    // Checked against where the producer says its memory is before its
+    // __dlpack__ is called: a producer is never handed a stream that the
+    // import would refuse.
+    const std::string type = py::str(py::type::handle_of(x).attr("__name__"));
+    const std::optional<std::pair<int, int>> dev = dlpack_device_of(x);
+    if (!dev) {
+      refuse_stream(absl::StrCat(
+          "stream ", *s, " was given for a ", type,
+          ", which has no __dlpack_device__() to say where its memory is, so the stream cannot "
+          "be checked before the producer is called; pass stream=None"));
+    }
+    return stream_for(static_cast<device_kind>(dev->first), *s,
+                      absl::StrCat("a ", type, " whose __dlpack_device__() is (", dev->first, ", ",
+                                   dev->second, ")"));
   }
   if (py::isinstance<py_tensor>(x) || PyCapsule_CheckExact(x.ptr()) != 0) return std::nullopt;
   std::optional<std::pair<int, int>> dev = dlpack_device_of(x);

@@ -32,8 +32,8 @@ struct import_args {
   pybind11::object device = pybind11::none();
   pybind11::object copy = pybind11::none();
   pybind11::object stream = pybind11::none();
-  bool require_contiguous = false;
-  bool require_writable = false;
+  pybind11::object require_contiguous = pybind11::bool_(false);
+  pybind11::object require_writable = pybind11::bool_(false);
 };
 
 class py_runtime {
@@ -84,7 +84,9 @@ class py_runtime {
   // `batch` refuses a member that repeats another.
   taken_source take(pybind11::handle x, const import_args& a, import_options& options,
                     batch_members* batch = nullptr);
-  // The stream to pass to `x.__dlpack__`, and to follow.
+  // The stream to pass to `x.__dlpack__`, and to follow. A caller's stream
+  // is checked against where `x` says its memory is (ValueError) before
+  // anything calls `x.__dlpack__`.
   std::optional<std::int64_t> producer_stream(pybind11::handle x, const import_args& a);
 
   std::unique_ptr<runtime> rt_;

@@ -77,7 +77,13 @@ managed_tensor wrap(released_tensor inner) {
 taken_source from_capsule(py::object capsule, batch_members* batch) {
   if (batch != nullptr) batch->check_capsule(capsule.ptr());
   const char* name = PyCapsule_GetName(capsule.ptr());
-  if (name == nullptr) throw py::error_already_set();
+  if (name == nullptr) {
+    if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+    throw py::type_error(
+        absl::StrCat("a capsule with no name (NULL) is not a DLPack tensor; "
+                     "DLPack names its capsules \"",
+                     kLegacy, "\" or \"", kVersioned, "\""));
+  }
   const bool versioned = std::strcmp(name, kVersioned) == 0;
   if (!versioned && std::strcmp(name, kLegacy) != 0) {
     const bool used = std::strcmp(name, kUsedLegacy) == 0 || std::strcmp(name, kUsedVersioned) == 0;
@@ -91,6 +97,7 @@ taken_source from_capsule(py::object capsule, batch_members* batch) {
                                       "\" is not a DLPack tensor; expected \"", kLegacy, "\" or \"",
                                       kVersioned, "\""));
   }
+  // Never NULL for a capsule of that name: PyCapsule_New refuses NULL.
   void* ptr = PyCapsule_GetPointer(capsule.ptr(), name);
   if (ptr == nullptr) throw py::error_already_set();
   if (batch != nullptr) batch->check_tensor(ptr, "capsule");
@@ -136,6 +143,21 @@ void capsule_destructor(PyObject* capsule) {
   }
   // Renamed by a consumer: the consumer owns it now.
   PyErr_Clear();
+}
+
+// A function of a producer's exchange API failed: what it raised, or a
+// BufferError when it raised nothing (as DLPack asks it to).
+// `outcome` says what became of the tensor.
+[[noreturn]] void raise_producer_error(py::handle obj, const char* function, int rc,
+                                       const char* outcome) {
+  if (PyErr_Occurred() != nullptr) throw py::error_already_set();
+  throw py::buffer_error(
+      absl::StrCat("the DLPack exchange API of ",
+                   std::string(py::str(py::type::handle_of(obj).attr("__name__"))), ": ", function,
+                   " returned ", rc,
+                   " and set no Python error (a producer must set one when it "
+                   "fails); ",
+                   outcome));
 }
 
 }  // namespace
@@ -246,8 +268,8 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
 
 taken_source take_exchange(py::handle obj, const exchange_api& api, batch_members* batch) {
   DLManagedTensorVersioned* out = nullptr;
-  if (api.managed_tensor_from_py_object_no_sync(obj.ptr(), &out) != 0) {
-    throw py::error_already_set();
+  if (const int rc = api.managed_tensor_from_py_object_no_sync(obj.ptr(), &out); rc != 0) {
+    raise_producer_error(obj, "managed_tensor_from_py_object_no_sync", rc, "no tensor was taken");
   }
   if (out == nullptr) {
     throw py::buffer_error(
@@ -271,8 +293,11 @@ taken_source take_exchange(py::handle obj, const exchange_api& api, batch_member
     const auto kind = static_cast<device_kind>(dev.device_type);
     if (kind == device_kind::cuda || kind == device_kind::cuda_managed) {
       void* stream = nullptr;
-      if (api.current_work_stream(dev.device_type, dev.device_id, &stream) != 0) {
-        throw py::error_already_set();  // `s` gives the tensor back to its deleter
+      if (const int rc = api.current_work_stream(dev.device_type, dev.device_id, &stream);
+          rc != 0) {
+        // `s` gives the tensor back to its deleter.
+        raise_producer_error(obj, "current_work_stream", rc,
+                             "the tensor went back to the producer's deleter");
       }
       // A null stream is the legacy default stream, which DLPack writes as 1.
       s.producer_stream =
@@ -282,10 +307,11 @@ taken_source take_exchange(py::handle obj, const exchange_api& api, batch_member
   return s;
 }
 
-py::capsule export_capsule(const tensor& t, bool versioned) {
+py::capsule export_capsule(const tensor& t, bool versioned, bool copied) {
   if (versioned) {
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
     if (!out.ok()) raise_status(out.status());
+    if (copied) (*out)->flags |= flag_is_copied;
     PyObject* c = PyCapsule_New(*out, kVersioned, &capsule_destructor);
     if (c == nullptr) {
       (*out)->deleter(*out);

@@ -95,8 +95,10 @@ taken_source take_exchange(pybind11::handle obj, const exchange_api& api,
 
 // A new capsule holding `t` exported as DLPack: versioned
 // ("dltensor_versioned") when `versioned`, else legacy ("dltensor"). The
-// capsule deletes the tensor unless a consumer renamed it. BufferError when
-// legacy DLPack cannot carry it (read-only).
-pybind11::capsule export_capsule(const tensor& t, bool versioned);
+// capsule deletes the tensor unless a consumer renamed it. `copied`: `t` is
+// a copy made for this export, which a versioned tensor says with IS_COPIED
+// (legacy DLPack has no flags). BufferError when legacy DLPack cannot carry
+// it (read-only).
+pybind11::capsule export_capsule(const tensor& t, bool versioned, bool copied = false);
 
 }  // namespace dlasync::python

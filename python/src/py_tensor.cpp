@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "py_args.hpp"
 #include "py_errors.hpp"
 #include "py_runtime.hpp"
 #include "py_source.hpp"
@@ -44,25 +45,17 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
                    const py::object& dl_device, const py::object& copy) {
   const tensor& t = self.value;
   const device own = t.device();
-  bool versioned = false;
-  if (!max_version.is_none()) {
-    auto v = max_version.cast<std::pair<long long, long long>>();
-    versioned = v.first >= 1;
-  }
-  if (!stream.is_none() && !is_gpu_memory(own.kind)) {
-    const long long s = stream.cast<long long>();
-    if (s != -1) {
-      throw py::value_error(
-          absl::StrCat("stream ", s, " was passed for a ", own.name(),
-                       " tensor: host memory has no streams, pass stream=None (or -1)"));
-    }
-  }
+  const std::optional<DLPackVersion> version = max_version_arg(max_version);
+  const bool versioned = version && version->major >= 1;
   // The tensor's data is complete when it is handed out (dlasync's imports
-  // resume once the copy has run), so a consumer's stream needs nothing.
+  // resume once the copy has run), so a consumer's stream needs nothing;
+  // it is checked all the same, as an import checks it.
+  if (const std::optional<std::int64_t> s = stream_arg(stream)) {
+    stream_for(own.kind, *s, absl::StrCat("a dlasync.Tensor on ", own.name()));
+  }
   std::optional<device> target;
   if (!dl_device.is_none()) target = parse_device(dl_device);
-  std::optional<bool> want_copy;
-  if (!copy.is_none()) want_copy = copy.cast<bool>();
+  const std::optional<bool> want_copy = copy_arg(copy);
   const bool moves = target && *target != own;
   if (moves && want_copy == false) {
     throw py::buffer_error(absl::StrCat("the tensor lives on ", own.name(), "; ", target->name(),
@@ -84,7 +77,8 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
           " is a simulated GPU; its memory is host memory that only "
           "dlasync reads as device memory: import it with dlasync, or copy it to the host"));
     }
-    return export_capsule(c.value, versioned);
+    // The standard: when a copy happens, IS_COPIED must be set.
+    return export_capsule(c.value, versioned, /*copied=*/true);
   }
   if (has_negative_stride(t)) {
     throw py::buffer_error(absl::StrCat(
@@ -121,8 +115,9 @@ void bind_device(py::module_& m) {
 Device("cuda:1"), Device("cpu"), Device((2, 1)). str() gives "cuda:1"; it
 compares equal to the same device given as a string or a tuple.)")
       .def(py::init([](py::handle d) { return py_device{parse_device(d)}; }), py::arg("device"))
-      .def(py::init(
-               [](int type, int id) { return py_device{parse_device(py::make_tuple(type, id))}; }),
+      .def(py::init([](py::handle type, py::handle id) {
+             return py_device{parse_device(py::make_tuple(type, id))};
+           }),
            py::arg("type"), py::arg("id"))
       .def_property_readonly("type",
                              [](const py_device& d) { return static_cast<int>(d.value.kind); })

@@ -47,7 +47,7 @@ def test_gpu_tensors_follow_the_producers_current_stream(rt):
 def test_a_refused_tensor_goes_back_to_the_producers_deleter(rt):
     Producer = dp.exchange_producer_type(dp.exchange_table())
     p = Producer(np.arange(4.0).reshape(2, 2).T)
-    with pytest.raises(BufferError, match="copy") as e:
+    with pytest.raises(ValueError, match="copy") as e:
         rt.from_dlpack(p, copy=False, require_contiguous=True)
     assert not e.value.consumed
     assert p.exports == 1 and p.deletes == 1  # nothing else holds it: deleted once
@@ -113,6 +113,9 @@ def test_capsules_of_another_name_or_a_bad_pointer_are_refused(rt):
     assert_refused_and_untouched(rt, hostile_type(misnamed), TypeError,
                                  'is a capsule named "dltensor"; the DLPack C exchange API is '
                                  'a capsule named "dlpack_exchange_api"')
+    nameless = dp._api.PyCapsule_New(ctypes.addressof(api), None, None)
+    assert_refused_and_untouched(rt, hostile_type(nameless), TypeError,
+                                 "is a capsule with no name (NULL); the DLPack C exchange API")
     address = ctypes.addressof(api) + 4
     assert_refused_and_untouched(rt, hostile_type(dp.exchange_capsule(address)), ValueError,
                                  f"the capsule's pointer is {address:#x}, not aligned")
@@ -153,3 +156,24 @@ def test_the_int_form_is_taken_as_the_producers_promise(rt):
     np.testing.assert_array_equal(np.from_dlpack(t), np.arange(5.0))
     assert dp.exchange_calls["from_py"] == 1 and p.dlpack_calls == 0
     assert eventually(lambda: p.deletes == p.exports == 1)
+
+
+_FAILS_SILENTLY = dp.FROM_PY(lambda obj, out: -1)
+_STREAM_FAILS_SILENTLY = dp.CURRENT_STREAM(lambda device_type, device_id, out: 7)
+
+
+def test_a_table_function_that_fails_without_an_exception_is_a_buffer_error(rt):
+    api = dp.exchange_table()
+    api.managed_tensor_from_py_object_no_sync = _FAILS_SILENTLY
+    p = dp.exchange_producer_type(api)(np.arange(3.0))
+    with pytest.raises(BufferError, match="managed_tensor_from_py_object_no_sync returned -1 "
+                                          "and set no Python error"):
+        rt.from_dlpack(p)
+    api = dp.exchange_table()
+    api.current_work_stream = _STREAM_FAILS_SILENTLY
+    a = np.arange(4.0)
+    g = rt.from_dlpack(a, device="cuda:0")
+    p = dp.exchange_producer_type(api)(a, device=(2, 0), data=g.data_ptr)
+    with pytest.raises(BufferError, match="current_work_stream returned 7"):
+        rt.from_dlpack(p, device="cpu")
+    assert eventually(lambda: p.deletes == p.exports == 1)  # given back to its deleter

@@ -1,12 +1,14 @@
 """The stream protocol, on simulated GPUs: for a CUDA producer dlasync passes
 the stream it will follow as `__dlpack__(stream=...)`; the caller may name one
 instead. Host producers get no stream."""
+import asyncio
+
 import numpy as np
 import pytest
 
 import dlasync
 from conftest import eventually
-from dlpack_producer import CountingProducer
+from dlpack_producer import CountingProducer, Wrapping
 
 
 def gpu_producer(rt, values, device="cuda:0"):
@@ -64,3 +66,89 @@ def test_the_stream_ambiguity_zero_is_refused(rt):
     with pytest.raises(ValueError, match="0") as e:
         rt.from_dlpack(p, stream=0)
     assert not e.value.consumed
+
+
+# The caller's stream is checked against the producer's __dlpack_device__()
+# before its __dlpack__ is called: a producer is never handed a stream that
+# the import refuses, and a CUDA producer never gets 0, which DLPack forbids.
+
+
+def refused_stream(call, *words):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert e.value.rule == "stream" and e.value.consumed is False
+    for word in words:
+        assert word in str(e.value)
+
+
+def test_a_stream_for_host_memory_is_refused_before_the_producer_is_called(rt):
+    p = CountingProducer(np.arange(4.0))
+    refused_stream(lambda: rt.from_dlpack(p, stream=5), "stream 5", "(1, 0)", "host memory has no streams")
+    refused_stream(lambda: rt.from_dlpack(p, device="cuda:0", stream=1), "stream 1")
+
+    async def main():
+        await rt.import_dlpack(p, stream=5)
+
+    refused_stream(lambda: asyncio.run(main()), "stream 5")
+
+    async def batch():
+        await rt.import_batch([p, CountingProducer(np.arange(2.0))], stream=5)
+
+    refused_stream(lambda: asyncio.run(batch()), "stream 5")
+    assert p.streams == [] and p.exports == 0
+
+
+def test_numpy_is_refused_a_stream_by_dlasync_not_by_numpy(rt):
+    a = np.arange(4.0)
+    refused_stream(lambda: rt.from_dlpack(a, stream=1), "stream 1", "ndarray", "(1, 0)")
+    refused_stream(lambda: rt.from_dlpack(a, stream=7), "stream 7")
+    # -1 ("no synchronization") means no stream for host memory: NumPy, which
+    # takes only stream=None, is asked without one.
+    t = rt.from_dlpack(a, stream=-1)
+    np.testing.assert_array_equal(np.from_dlpack(t), a)
+
+
+def test_a_pytorch_cpu_tensor_is_not_exported_for_a_refused_stream(rt):
+    torch = pytest.importorskip("torch")
+    w = Wrapping(torch.arange(4.0))
+    refused_stream(lambda: rt.from_dlpack(w, stream=1), "stream 1", "(1, 0)")
+    assert w.exports == 0 and w.deletes == 0
+    refused_stream(lambda: rt.from_dlpack(torch.arange(4.0), stream=1), "Tensor", "(1, 0)")
+    t = rt.from_dlpack(w, stream=-1)
+    assert w.exports == 1
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(4.0))
+
+
+def test_a_cuda_producer_is_never_sent_stream_0_or_a_malformed_stream(rt):
+    p = gpu_producer(rt, np.arange(4.0))
+    for bad in (0, -2, 2**64):
+        refused_stream(lambda: rt.from_dlpack(p, stream=bad), f"stream {bad}")
+    assert p.streams == [] and p.exports == 0
+    rt.from_dlpack(p, device="cpu", stream=2)
+    assert p.streams == [2]
+
+
+def test_host_memory_with_stream_minus_1_is_asked_with_no_stream(rt):
+    p = CountingProducer(np.arange(4.0))
+    rt.from_dlpack(p, stream=-1)
+    assert p.streams == [None]
+
+
+def test_a_stream_for_a_producer_without_dlpack_device_is_refused(rt):
+    class NoDevice:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __dlpack__(self, **kw):
+            return self.inner.__dlpack__(**kw)
+
+    p = CountingProducer(np.arange(4.0))
+    refused_stream(lambda: rt.from_dlpack(NoDevice(p), stream=1), "no __dlpack_device__")
+    assert p.exports == 0
+    rt.from_dlpack(NoDevice(p))  # without a stream it is imported
+    assert p.streams == [None]
+
+
+def test_a_stream_for_a_dlasync_tensor_on_the_host_is_refused(rt):
+    t = rt.from_dlpack(np.arange(4.0))
+    refused_stream(lambda: rt.from_dlpack(t, stream=1), "dlasync.Tensor on cpu:0")

@@ -1,0 +1,116 @@
+"""Arguments of the wrong type are TypeErrors and of the wrong value ValueErrors,
+with dlasync's message naming the value seen; one rule for Tensor.__dlpack__
+and the importing functions alike. No pybind11 message reaches a user."""
+import asyncio
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+
+import dlasync
+from dlpack_producer import CountingProducer
+
+_new_capsule = ctypes.pythonapi.PyCapsule_New
+_new_capsule.restype = ctypes.py_object
+_new_capsule.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+PYBIND11_WORDS = ("Unable to cast", "error_already_set", "incompatible function arguments",
+                  "incompatible constructor arguments")
+
+
+def raises(kind, call, *words):
+    """`call()` raises exactly `kind` (not a subclass of another), with dlasync's
+    message: every word of `words` and none of pybind11's."""
+    with pytest.raises(Exception) as e:
+        call()
+    assert type(e.value) is kind, f"{type(e.value).__name__}: {e.value}"
+    text = str(e.value)
+    for word in words:
+        assert word in text, text
+    for word in PYBIND11_WORDS:
+        assert word not in text, text
+    return e.value
+
+
+def test_dlpack_arguments_of_the_wrong_type_are_type_errors(rt):
+    t = rt.from_dlpack(np.arange(4.0))
+    raises(TypeError, lambda: t.__dlpack__(stream=object()), "stream", "object")
+    raises(TypeError, lambda: t.__dlpack__(stream=1.0), "stream", "1.0 of type float")
+    raises(TypeError, lambda: t.__dlpack__(stream=True), "stream", "True of type bool")
+    raises(TypeError, lambda: t.__dlpack__(copy=np.array([1, 2, 3])), "copy",
+           "array([1, 2, 3])", "True, False or None")
+    raises(TypeError, lambda: t.__dlpack__(max_version=(1,)), "max_version", "(1,)")
+    raises(TypeError, lambda: t.__dlpack__(max_version=[1, 3]), "max_version", "[1, 3]")
+    raises(TypeError, lambda: t.__dlpack__(max_version=(1, "3")), "max_version", "'3'")
+    raises(TypeError, lambda: t.__dlpack__(dl_device=(1.0, 0)), "device", "(1.0, 0)")
+
+
+def test_dlpack_arguments_of_the_wrong_value_are_value_errors(rt):
+    t = rt.from_dlpack(np.arange(4.0))
+    raises(ValueError, lambda: t.__dlpack__(max_version=(-1, 0)), "max_version", "-1")
+    raises(ValueError, lambda: t.__dlpack__(max_version=(2**70, 0)), "max_version",
+           str(2**70))
+    raises(ValueError, lambda: t.__dlpack__(dl_device=(2**70, 0)), "device type", str(2**70))
+    raises(ValueError, lambda: t.__dlpack__(dl_device=(1, -1)), "device id -1")
+    g = rt.from_dlpack(np.arange(4.0), device="cuda:0")
+    for bad in (0, -2, 2**70):
+        raises(ValueError, lambda: g.__dlpack__(stream=bad), "stream", str(bad))
+    # A right one still exports.
+    assert "dltensor_versioned" in repr(t.__dlpack__(max_version=(1, 3), stream=-1))
+
+
+def test_copy_takes_a_bool_or_none_on_both_sides(rt):
+    # The standard types copy as Optional[bool]: 1, numpy's bool and an array
+    # are refused alike by __dlpack__ and by every importing function.
+    t = rt.from_dlpack(np.arange(4.0))
+    for bad in (1, 0, np.True_, np.array([1, 2, 3]), "yes"):
+        raises(TypeError, lambda: t.__dlpack__(copy=bad), "copy", "True, False or None")
+        raises(TypeError, lambda: rt.from_dlpack(np.arange(2.0), copy=bad), "copy",
+               "True, False or None")
+
+        async def main():
+            await rt.import_dlpack(np.arange(2.0), copy=bad)
+
+        raises(TypeError, lambda: asyncio.run(main()), "copy", "True, False or None")
+    for flag in ("require_contiguous", "require_writable"):
+        raises(TypeError, lambda: rt.from_dlpack(np.arange(2.0), **{flag: 1}), flag,
+               "True or False")
+    assert rt.from_dlpack(np.arange(2.0), copy=True).is_copy
+    assert t.__dlpack__(copy=False) is not None
+
+
+def test_import_streams_of_the_wrong_type_or_value(rt):
+    p = CountingProducer(np.arange(4.0), device=(2, 0))
+    raises(TypeError, lambda: rt.from_dlpack(p, stream="s"), "stream", "'s' of type str")
+    e = raises(ValueError, lambda: rt.from_dlpack(p, stream=2**70), "stream", str(2**70),
+               "64 bits")
+    assert e.rule == "stream" and e.consumed is False
+    raises(ValueError, lambda: rt.from_dlpack(p, stream=-3), "stream -3")
+    assert p.exports == 0  # never asked for its tensor
+
+
+def test_a_capsule_with_no_name_is_a_type_error(rt):
+    nameless = _new_capsule(1, None, None)
+    raises(TypeError, lambda: rt.from_dlpack(nameless), "no name", "dltensor")
+
+    class Producer(CountingProducer):
+        def __dlpack__(self, **kw):
+            return _new_capsule(1, None, None)
+
+    raises(TypeError, lambda: rt.from_dlpack(Producer(np.arange(2.0))), "no name")
+
+
+def test_runtime_options_of_the_wrong_type_or_value():
+    raises(TypeError, lambda: dlasync.Runtime(cuda=5), "cuda", "5 of type int")
+    raises(TypeError, lambda: dlasync.Runtime(cuda="off", workers="x"), "workers", "'x'")
+    raises(TypeError, lambda: dlasync.Runtime(cuda="off", inline_copy_bytes=1.5),
+           "inline_copy_bytes", "1.5")
+    raises(ValueError, lambda: dlasync.Runtime(cuda="off", copy_memory_budget=-1),
+           "copy_memory_budget=-1")
+    raises(ValueError, lambda: dlasync.Runtime(cuda="off", copy_helper_linger_us=2**70),
+           "copy_helper_linger_us", str(2**70))
+    raises(ValueError, lambda: dlasync.Runtime(cuda="off", staging_chunks=2**40),
+           "staging_chunks")
+    raises(TypeError, lambda: dlasync.Device("cpu", "0"), "'0'")
+    gc.collect()
