@@ -76,7 +76,8 @@ import_args args_of(py::object device, py::object copy, py::object stream, py::o
 }
 
 // The devices an import can place a tensor on: those whose backend
-// allocates there (cuda_host and cuda_managed are read, not written).
+// allocates there (cuda_managed memory is read, never written; cuda_host
+// takes copies where a CUDA backend places them).
 py::list import_targets(py_runtime& rt) {
   const device_registry& registry = rt.get().registry();
   py::list out;
@@ -180,8 +181,8 @@ stream when None is given.)")
           "can receive one: see targets.")
       .def_property_readonly("targets", &import_targets,
                              "The devices an import can place a tensor on (device=): those of "
-                             "devices where dlasync allocates; cuda_host and cuda_managed memory "
-                             "is read, never allocated.")
+                             "devices where dlasync allocates. cuda_managed memory is read, never "
+                             "allocated; cuda_host is a target where a CUDA backend serves it.")
       .def("is_simulated",
            [](py_runtime& rt, py::handle d) { return rt.get().is_simulated(parse_device(d)); })
       .def("describe",
