@@ -12,7 +12,8 @@
 #
 # The Python module (python/) is built and its pytest suite run by ctest in
 # every build, with Debian's Python (/usr/bin/python3); in the sanitized ones
-# the sanitizer's runtime is preloaded into it.
+# the sanitizer's runtime is preloaded into it. The plain build also installs
+# it with pip into a virtual environment (the pip_install test).
 #
 # CUDA support is built when a CUDA toolkit is found (also at /usr/local/cuda
 # when nvcc is not on PATH); tests that need a GPU skip themselves without one.
@@ -30,6 +31,9 @@ done
 # The Python module's build and tests: Debian's pybind11, Python, pytest,
 # NumPy and PyTorch (about 40 s and 650 MB the first time).
 bash scripts/install-deps.sh pybind11-dev python3-dev python3-pytest python3-numpy python3-torch
+# The pip_install test: a virtual environment, and pip building a wheel in it
+# offline with Debian's setuptools (--no-build-isolation).
+bash scripts/install-deps.sh python3-venv python3-pip python3-setuptools python3-wheel
 # Remote imports (remote/) and their two-process tests: UCX, with
 # ucx_perftest for the benchmarks.
 bash scripts/install-deps.sh libucx-dev ucx-utils
