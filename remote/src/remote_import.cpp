@@ -46,22 +46,18 @@ remote_import::remote_import(std::shared_ptr<remote_core> core)
 remote_import::~remote_import() = default;
 
 void remote_import::start(done_fn done, const remote_descriptor& d, const import_options& options) {
-  {
-    std::lock_guard lock(core_->ucx().mutex());
-    done_ = std::move(done);
-    // Cancelled before it started: nothing was asked for; the handler
-    // learns now.
-    if (finished_) {
-      std::move(done_)(*std::exchange(unstarted_result_, std::nullopt));
-      done_ = nullptr;
-      return;
-    }
-  }
   runtime& rt = core_->rt();
   absl::StatusOr<remote_detail::remote_plan> planned =
       remote_detail::plan_remote(d, options, rt.registry());
   std::unique_lock lock(core_->ucx().mutex());
-  if (finished_) return;  // cancelled while it planned: nothing asked for yet
+  done_ = std::move(done);
+  if (finished_) {
+    // Cancelled before it started or while it planned: nothing was asked
+    // for; the handler learns now.
+    std::move(done_)(*std::exchange(unstarted_result_, std::nullopt));
+    done_ = nullptr;
+    return;
+  }
   if (!planned.ok()) return finish_locked(planned.status());
   if (core_->stopping()) {
     return finish_locked(with_import_error(

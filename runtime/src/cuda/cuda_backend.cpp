@@ -104,14 +104,9 @@ absl::StatusOr<device_buffer> cuda_backend::allocate_pinned(device d, std::uint6
 
 absl::StatusOr<device_buffer> cuda_backend::allocate_unordered(device d, std::uint64_t bytes) {
   if (bytes == 0) return device_buffer(d, nullptr, 0, nullptr);
+  if (d.kind == device_kind::cuda_host) return allocate_pinned(d, bytes, 0);
   cuda::api& api = context_->api();
   void* p = nullptr;
-  if (d.kind == device_kind::cuda_host) {
-    DLASYNC_CUDA_RETURN_IF_ERROR("cudaMallocHost", -1, api.malloc_host(&p, bytes));
-    return device_buffer(d, p, bytes, [context = context_](void* data, std::uint64_t) {
-      (void)context->api().free_host(data);
-    });
-  }
   DLASYNC_ASSIGN_OR_RETURN(device_guard on, device_guard::enter(api, d.ordinal));
   DLASYNC_CUDA_RETURN_IF_ERROR("cudaMalloc", d.ordinal, api.malloc_device(&p, bytes));
   return device_buffer(
