@@ -97,13 +97,20 @@ class Runtime(_core.Runtime):
 _default = None
 
 
-def from_dlpack(x, /, *, device=None, copy=None):
-    """The array API's from_dlpack, on a runtime of the process made at first
-    use (its CUDA setting from DLASYNC_CUDA, else "auto")."""
+def _default_runtime():
+    """The runtime of the process, made at first use (its CUDA setting from
+    DLASYNC_CUDA, else "auto"): dlasync.from_dlpack's, and the exchange API's
+    (managed_tensor_to_py_object_no_sync, managed_tensor_allocator)."""
     global _default
     if _default is None:
         _default = Runtime()
-    return _default.from_dlpack(x, device=device, copy=copy)
+    return _default
+
+
+def from_dlpack(x, /, *, device=None, copy=None):
+    """The array API's from_dlpack, on the runtime of the process made at
+    first use (its CUDA setting from DLASYNC_CUDA, else "auto")."""
+    return _default_runtime().from_dlpack(x, device=device, copy=copy)
 
 
 _atexit.register(_core._at_exit)

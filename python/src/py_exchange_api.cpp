@@ -40,7 +40,8 @@ struct refusal {
 }
 
 // Refuses an address no table can have; `what` says where it was found.
-void check_address(py::handle type, std::uintptr_t address, const std::string& what) {
+void check_address(py::handle type, const char* attr_name, std::uintptr_t address,
+                   const std::string& what) {
   const char* wrong = nullptr;
   if (address == 0) {
     wrong = "NULL";
@@ -53,41 +54,40 @@ void check_address(py::handle type, std::uintptr_t address, const std::string& w
   refuse({PyExc_ValueError,
           absl::StrCat("the DLPack C exchange API of ", name_of(type), " is refused: ", what,
                        " is 0x", absl::Hex(address), ", ", wrong,
-                       "; the producer must point at its DLPackExchangeAPI (or drop "
-                       "__dlpack_c_exchange_api__, and dlasync uses __dlpack__)")});
+                       "; the producer must point at its DLPackExchangeAPI (or drop ", attr_name,
+                       ", and dlasync uses __dlpack__)")});
 }
 
 // The table's address that `attr` holds; 0 when it offers none.
-std::uintptr_t address_of(py::handle type, const py::object& attr) {
+std::uintptr_t address_of(py::handle type, const char* attr_name, const py::object& attr) {
   if (attr.is_none()) return 0;
   std::uintptr_t address = 0;
   if (PyCapsule_CheckExact(attr.ptr()) != 0) {
     const char* name = PyCapsule_GetName(attr.ptr());
     if (name == nullptr && PyErr_Occurred() != nullptr) throw py::error_already_set();
     if (name == nullptr || std::strcmp(name, kCapsuleName) != 0) {
-      refuse(
-          {PyExc_TypeError,
-           absl::StrCat("__dlpack_c_exchange_api__ of ", name_of(type), " is a capsule ",
-                        name == nullptr ? std::string("with no name (NULL)")
-                                        : absl::StrCat("named \"", name, "\""),
-                        "; the DLPack C exchange API is a capsule named \"", kCapsuleName, "\"")});
+      refuse({PyExc_TypeError, absl::StrCat(attr_name, " of ", name_of(type), " is a capsule ",
+                                            name == nullptr ? std::string("with no name (NULL)")
+                                                            : absl::StrCat("named \"", name, "\""),
+                                            "; the DLPack C exchange API is a capsule named \"",
+                                            kCapsuleName, "\"")});
     }
     address = reinterpret_cast<std::uintptr_t>(PyCapsule_GetPointer(attr.ptr(), kCapsuleName));
-    check_address(type, address, "the capsule's pointer");
+    check_address(type, attr_name, address, "the capsule's pointer");
   } else if (PyLong_Check(attr.ptr()) != 0 && PyBool_Check(attr.ptr()) == 0) {
     const unsigned long long value = PyLong_AsUnsignedLongLong(attr.ptr());
     if (value == static_cast<unsigned long long>(-1) && PyErr_Occurred() != nullptr) {
       PyErr_Clear();
       refuse({PyExc_ValueError,
-              absl::StrCat("__dlpack_c_exchange_api__ of ", name_of(type), " is the int ",
+              absl::StrCat(attr_name, " of ", name_of(type), " is the int ",
                            std::string(py::str(attr)),
                            ", which is no address: an int form must be the address of the "
                            "producer's DLPackExchangeAPI")});
     }
     address = static_cast<std::uintptr_t>(value);
-    check_address(type, address, "the int address");
+    check_address(type, attr_name, address, "the int address");
   } else {
-    refuse({PyExc_TypeError, absl::StrCat("__dlpack_c_exchange_api__ of ", name_of(type), " is a ",
+    refuse({PyExc_TypeError, absl::StrCat(attr_name, " of ", name_of(type), " is a ",
                                           name_of(py::type::handle_of(attr)),
                                           "; the DLPack C exchange API is a capsule named \"",
                                           kCapsuleName, "\" (or the table's address as an int)")});
@@ -97,7 +97,8 @@ std::uintptr_t address_of(py::handle type, const py::object& attr) {
 
 // The version-1 table of the chain that starts at `header`, or nullptr when
 // the chain has none (a newer producer that offers no older table).
-const exchange_api* usable_table(py::handle type, const exchange_api_header* header) {
+const exchange_api* usable_table(py::handle type, const char* attr_name,
+                                 const exchange_api_header* header) {
   for (int tables = 1;; ++tables) {
     const DLPackVersion v = header->version;
     if (v.major == 0 || (v.major == 1 && v.minor < 3)) {
@@ -126,7 +127,7 @@ const exchange_api* usable_table(py::handle type, const exchange_api_header* hea
               absl::StrCat("the DLPack C exchange API of ", name_of(type),
                            " is refused: its prev_api chain runs past ", kMaxChain, " tables")});
     }
-    check_address(type, reinterpret_cast<std::uintptr_t>(prev),
+    check_address(type, attr_name, reinterpret_cast<std::uintptr_t>(prev),
                   absl::StrCat("prev_api of its version ", version_text(v), " table"));
     if (prev->version.major >= v.major) {
       refuse(
@@ -156,11 +157,17 @@ const exchange_api* exchange_api_of(py::handle obj) {
   if (PyErr_Occurred() != nullptr) throw py::error_already_set();
   const exchange_api* api = nullptr;
   try {
-    py::object attr = py::getattr(type, "__dlpack_c_exchange_api__", py::none());
+    const char* attr_name = kExchangeApiAttr;
+    py::object attr = py::getattr(type, attr_name, py::none());
+    if (attr.is_none()) {
+      attr_name = kOldExchangeApiAttr;
+      attr = py::getattr(type, attr_name, py::none());
+    }
     // The int form's promise, taken once its value passed the checks.
-    // NOLINTNEXTLINE(performance-no-int-to-ptr)
-    const auto* header = reinterpret_cast<const exchange_api_header*>(address_of(type, attr));
-    if (header != nullptr) api = usable_table(type, header);
+    const auto* header =
+        // NOLINTNEXTLINE(performance-no-int-to-ptr)
+        reinterpret_cast<const exchange_api_header*>(address_of(type, attr_name, attr));
+    if (header != nullptr) api = usable_table(type, attr_name, header);
   } catch (py::error_already_set& e) {
     if (e.matches(PyExc_TypeError) || e.matches(PyExc_ValueError)) {
       (*by_type)[type] = py::make_tuple(e.type(), py::str(e.value()));

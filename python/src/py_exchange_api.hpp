@@ -36,19 +36,30 @@ struct exchange_api_header {
 };
 struct exchange_api {
   exchange_api_header header;
-  void* managed_tensor_allocator;
+  int (*managed_tensor_allocator)(DLTensor* prototype, DLManagedTensorVersioned** out,
+                                  void* error_ctx,
+                                  void (*set_error)(void* error_ctx, const char* kind,
+                                                    const char* message));
   int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorVersioned** out);
-  void* managed_tensor_to_py_object_no_sync;
-  void* dltensor_from_py_object_no_sync;
-  int (*current_work_stream)(std::int32_t device_type, std::int32_t device_id,
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorVersioned* tensor,
+                                             void** out_py_object);
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);
+  int (*current_work_stream)(DLDeviceType device_type, std::int32_t device_id,
                              void** out_current_stream);
 };
+static_assert(sizeof(exchange_api) == 56, "DLPackExchangeAPI is 56 bytes on 64-bit targets");
+
+// The attribute names: DLPack 1.3's, and the one Paddle and tvm-ffi 0.1.0 to
+// 0.1.3 used before it (an int there).
+inline constexpr const char* kExchangeApiAttr = "__dlpack_c_exchange_api__";
+inline constexpr const char* kOldExchangeApiAttr = "__c_dlpack_exchange_api__";
 
 // The exchange API of `obj`'s type when it offers one dlasync can use (a
 // major-version-1 table, found directly or through prev_api), nullptr when
 // it offers none (no attribute, None, or only newer major versions: the
-// protocol's `__dlpack__` then). Raises TypeError or ValueError for an
-// attribute refused as above. Looked up once a type.
+// protocol's `__dlpack__` then). The type's `__dlpack_c_exchange_api__` is
+// read, else its older `__c_dlpack_exchange_api__`. Raises TypeError or
+// ValueError for an attribute refused as above. Looked up once a type.
 const exchange_api* exchange_api_of(pybind11::handle obj);
 
 }  // namespace dlasync::python

@@ -307,17 +307,21 @@ taken_source take_exchange(py::handle obj, const exchange_api& api, batch_member
   return s;
 }
 
+py::capsule versioned_capsule(DLManagedTensorVersioned* t) {
+  PyObject* c = PyCapsule_New(t, kVersioned, &capsule_destructor);
+  if (c == nullptr) {
+    if (t->deleter != nullptr) t->deleter(t);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(c);
+}
+
 py::capsule export_capsule(const tensor& t, bool versioned, bool copied) {
   if (versioned) {
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
     if (!out.ok()) raise_status(out.status());
     if (copied) (*out)->flags |= flag_is_copied;
-    PyObject* c = PyCapsule_New(*out, kVersioned, &capsule_destructor);
-    if (c == nullptr) {
-      (*out)->deleter(*out);
-      throw py::error_already_set();
-    }
-    return py::reinterpret_steal<py::capsule>(c);
+    return versioned_capsule(*out);
   }
   absl::StatusOr<DLManagedTensor*> out = t.to_dlpack_legacy();
   if (!out.ok()) {

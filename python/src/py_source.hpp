@@ -101,4 +101,9 @@ taken_source take_exchange(pybind11::handle obj, const exchange_api& api,
 // it (read-only).
 pybind11::capsule export_capsule(const tensor& t, bool versioned, bool copied = false);
 
+// A new capsule ("dltensor_versioned") that owns `t`: it calls t's deleter
+// unless a consumer renamed it. When no capsule can be made, t's deleter
+// runs and the error is raised.
+pybind11::capsule versioned_capsule(DLManagedTensorVersioned* t);
+
 }  // namespace dlasync::python

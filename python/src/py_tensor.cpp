@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "py_args.hpp"
 #include "py_errors.hpp"
+#include "py_exchange_api.hpp"
+#include "py_exchange_export.hpp"
 #include "py_runtime.hpp"
 #include "py_source.hpp"
 
@@ -80,6 +82,15 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
     // The standard: when a copy happens, IS_COPIED must be set.
     return export_capsule(c.value, versioned, /*copied=*/true);
   }
+  check_exportable(self);
+  return export_capsule(t, versioned);
+}
+
+}  // namespace
+
+void check_exportable(const py_tensor& self) {
+  const tensor& t = self.value;
+  const device own = t.device();
   if (has_negative_stride(t)) {
     throw py::buffer_error(absl::StrCat(
         "this ", own.name(), " tensor has negative strides (", strides_text(t),
@@ -94,8 +105,9 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
         "standing in for device memory, which no other library can read as a GPU's. Bring it "
         "to the host first: rt.from_dlpack(t, device=\"cpu\"), or __dlpack__(dl_device=(1, 0))"));
   }
-  return export_capsule(t, versioned);
 }
+
+namespace {
 
 std::string repr(const py_tensor& self) {
   const tensor& t = self.value;
@@ -184,6 +196,8 @@ __dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)")
                                    t.value.device().ordinal);
            })
       .def("__repr__", &repr);
+  // DLPack 1.3's C exchange API, on the type, where consumers look.
+  py::type::of<py_tensor>().attr(kExchangeApiAttr) = exchange_api_capsule();
 }
 
 }  // namespace dlasync::python

@@ -3,7 +3,8 @@
 // `dlasync.Tensor`: an imported tensor as Python sees it. It owns a
 // reference to the tensor's state (a view keeps the producer's tensor, a
 // copy its buffer) and a reference to the Runtime that imported it, which
-// makes copies for `__dlpack__(copy=True)` and `dl_device=`.
+// makes copies for `__dlpack__(copy=True)` and `dl_device=`. The type offers
+// DLPack 1.3's C exchange API (py_exchange_export.hpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -21,6 +22,10 @@ struct py_tensor {
   tensor value;
   pybind11::object owner;  // the dlasync Runtime (Python object)
 };
+
+// Raises BufferError for a tensor no other library may take as it is: one
+// with negative strides, or one on a simulated GPU.
+void check_exportable(const py_tensor& self);
 
 void bind_device(pybind11::module_& m);
 void bind_tensor(pybind11::module_& m);

@@ -24,6 +24,15 @@ def no_double_deletes():
     assert dlpack_producer.double_deletes == []
 
 
+def peer(name):
+    """Imports a peer library: skips without it, except in the PyPI peers'
+    environment (DLASYNC_PEERS=required), where a missing peer fails."""
+    import importlib
+    if os.environ.get("DLASYNC_PEERS") == "required":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
 def eventually(predicate, seconds=10.0):
     """True once `predicate()` is; deleters that arrive on a thread without the
     GIL run a moment later on dlasync's releaser, which needs the GIL this

@@ -177,3 +177,28 @@ def test_a_table_function_that_fails_without_an_exception_is_a_buffer_error(rt):
     with pytest.raises(BufferError, match="current_work_stream returned 7"):
         rt.from_dlpack(p, device="cpu")
     assert eventually(lambda: p.deletes == p.exports == 1)  # given back to its deleter
+
+
+def test_the_older_attribute_name_is_taken_too(rt):
+    # Paddle and tvm-ffi 0.1.0 to 0.1.3 offered the table's address as an
+    # int under __c_dlpack_exchange_api__, before DLPack 1.3 named it.
+    api = dp.exchange_table()
+
+    class OldName(dp.exchange_producer_type(api)):
+        __dlpack_c_exchange_api__ = None
+        __c_dlpack_exchange_api__ = ctypes.addressof(api)
+
+    p = OldName(np.arange(6.0))
+    p.dlpack_calls = 0
+    t = rt.from_dlpack(p, device="cpu:1")
+    np.testing.assert_array_equal(np.from_dlpack(t), np.arange(6.0))
+    assert dp.exchange_calls["from_py"] == 1 and p.dlpack_calls == 0
+    assert eventually(lambda: p.deletes == p.exports == 1)
+
+    class OldNameRefused(dp.CountingProducer):
+        __c_dlpack_exchange_api__ = "0x1000"
+
+    q = OldNameRefused(np.arange(2.0))
+    with pytest.raises(TypeError, match="__c_dlpack_exchange_api__ of OldNameRefused is a str"):
+        rt.from_dlpack(q)
+    assert q.exports == 0

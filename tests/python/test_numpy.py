@@ -1,4 +1,6 @@
-"""NumPy 1.24 as producer and consumer."""
+"""NumPy as producer and consumer: Debian's 1.24, and today's 2.x from PyPI
+(the peers' virtual environment). Where the two behave differently, each
+version's behaviour is asserted."""
 import ctypes
 import sys
 
@@ -7,6 +9,9 @@ import pytest
 
 import dlasync
 from dlpack_producer import READ_ONLY, CountingProducer
+
+# NumPy 2 exports bool and read-only arrays (READ_ONLY set); 1.24 refuses both.
+NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 
 NUMPY_DTYPES = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                 "float16", "float32", "float64", "complex64", "complex128"]
@@ -58,9 +63,17 @@ def test_bool_from_a_producer_that_exports_it(rt):
     assert list(raw) == a.astype(np.uint8).ravel().tolist()
     del t
     assert p.deletes == 1
-    # NumPy 1.24 refuses to export bool itself: its error reaches the caller.
-    with pytest.raises((BufferError, TypeError)):
-        rt.from_dlpack(a)
+    if NUMPY2:
+        # NumPy 2 exports bool, and takes it back.
+        v = rt.from_dlpack(a)
+        assert v.dtype == "bool" and v.is_view and v.data_ptr == a.ctypes.data
+        back = np.from_dlpack(rt.from_dlpack(v, device="cpu:1"))
+        assert back.dtype == np.bool_
+        np.testing.assert_array_equal(back, a)
+    else:
+        # NumPy 1.24 refuses to export bool itself: its error reaches the caller.
+        with pytest.raises((BufferError, TypeError)):
+            rt.from_dlpack(a)
 
 
 @pytest.mark.parametrize("dtype", ["longdouble", "clongdouble", "datetime64[s]", "object",
@@ -138,14 +151,31 @@ def test_broadcasts_are_imported_from_a_producer_that_exports_them(rt):
 def test_read_only_arrays(rt):
     a = np.arange(12, dtype=np.int32)
     a.flags.writeable = False
-    # NumPy 1.24 does not export read-only arrays: its BufferError is kept.
-    with pytest.raises(BufferError):
-        rt.from_dlpack(a)
+    if NUMPY2:
+        # NumPy 2 exports them versioned, flagged READ_ONLY: a read-only view.
+        v = rt.from_dlpack(a)
+        assert v.read_only and v.is_view and v.data_ptr == a.ctypes.data
+        w = rt.from_dlpack(a, require_writable=True)
+        assert w.is_copy and not w.read_only
+        np.testing.assert_array_equal(np.from_dlpack(w), a)
+        del v, w
+    else:
+        # NumPy 1.24 does not export read-only arrays: its BufferError is kept.
+        with pytest.raises(BufferError):
+            rt.from_dlpack(a)
     p = CountingProducer(a, flags=READ_ONLY)
     t = rt.from_dlpack(p)
     assert t.read_only and t.is_view
-    with pytest.raises(BufferError, match="read-only"):
-        np.from_dlpack(t)
+    if NUMPY2:
+        # NumPy 2 asks for versioned DLPack and keeps the flag.
+        back = np.from_dlpack(t)
+        assert not back.flags.writeable
+        np.testing.assert_array_equal(back, a)
+        del back
+    else:
+        # NumPy 1.24 asks for legacy DLPack, which cannot say read-only.
+        with pytest.raises(BufferError, match="read-only"):
+            np.from_dlpack(t)
     cap = t.__dlpack__(max_version=(1, 3))  # versioned export keeps the flag
     w = rt.from_dlpack(p, require_writable=True)
     assert w.is_copy and not w.read_only

@@ -222,10 +222,13 @@ TEST_CASE("a fault of the CUDA runtime surfaces as the transfer's status",
     // call that reports it first is a race: the copy that failed, or another
     // worker's next call. The status carries the error and the device either way.
     const absl::Status status = finished(*p);
-    require_status(status, absl::StatusCode::kInternal, {"failed on cuda:0", "cudaErrorIllegalAddress"});
+    require_status(status, absl::StatusCode::kInternal,
+                   {"failed on cuda:0", "cudaErrorIllegalAddress"});
     const std::string message(status.message());
-    CHECK((message.rfind("cudaMemcpyAsync failed", 0) == 0 || message.rfind("cudaSetDevice failed", 0) == 0 ||
-           message.rfind("cudaEventRecord failed", 0) == 0 || message.rfind("cudaStreamWaitEvent failed", 0) == 0));
+    CHECK((message.rfind("cudaMemcpyAsync failed", 0) == 0 ||
+           message.rfind("cudaSetDevice failed", 0) == 0 ||
+           message.rfind("cudaEventRecord failed", 0) == 0 ||
+           message.rfind("cudaStreamWaitEvent failed", 0) == 0));
     rig.sim->clear_faults();
   }
   CHECK_FALSE(control->aborted);
