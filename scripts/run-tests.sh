@@ -11,9 +11,11 @@
 # tests run over UCX's shared-memory and TCP transports on loopback.
 #
 # The Python module (python/) is built and its pytest suite run by ctest in
-# every build, with Debian's Python (/usr/bin/python3); in the sanitized ones
-# the sanitizer's runtime is preloaded into it. The plain build also installs
-# it with pip into a virtual environment (the pip_install test).
+# every build, with Debian's Python (/usr/bin/python3) and its NumPy and
+# PyTorch, then again with today's peers from PyPI in a virtual environment
+# (scripts/python-peers.sh); in the sanitized builds the sanitizer's runtime
+# is preloaded into it. The plain build also installs it with pip into a
+# virtual environment (the pip_install test).
 #
 # CUDA support is built when a CUDA toolkit is found (also at /usr/local/cuda
 # when nvcc is not on PATH); tests that need a GPU skip themselves without one.
@@ -34,6 +36,16 @@ bash scripts/install-deps.sh pybind11-dev python3-dev python3-pytest python3-num
 # The pip_install test: a virtual environment, and pip building a wheel in it
 # offline with Debian's setuptools (--no-build-isolation).
 bash scripts/install-deps.sh python3-venv python3-pip python3-setuptools python3-wheel
+# Today's Python peers from PyPI (NumPy 2, PyTorch 2, JAX, tvm-ffi,
+# array-api-strict) in a virtual environment made once for every build
+# (scripts/python-peers.sh): the Python suite runs with them as well.
+# DLASYNC_PEERS=skip leaves them out, for a machine that cannot reach PyPI.
+peers_python=""
+if [ "${DLASYNC_PEERS:-}" = skip ]; then
+  echo "run-tests: DLASYNC_PEERS=skip: the Python suite runs with Debian's peers only"
+else
+  peers_python="$(bash scripts/python-peers.sh)"
+fi
 # Remote imports (remote/) and their two-process tests: UCX, with
 # ucx_perftest for the benchmarks.
 bash scripts/install-deps.sh libucx-dev ucx-utils
@@ -55,7 +67,7 @@ fi
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench \
-  -DPYTHON_EXECUTABLE=/usr/bin/python3 "${opt[@]}"
+  -DPYTHON_EXECUTABLE=/usr/bin/python3 -DDLASYNC_PEERS_PYTHON="$peers_python" "${opt[@]}"
 cmake --build "$build_dir" --parallel "$(nproc)"
 # ASan: LeakSanitizer's suppressions cover UCX's own leaks only.
 if [ "$sanitize" = address ]; then
