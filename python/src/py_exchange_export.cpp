@@ -28,17 +28,20 @@ namespace {
 // Python error indicator: 0, or -1 with an exception set.
 template <typename Body>
 int raising(Body&& body) noexcept {
+  // The outer handler also takes what the inner ones might throw.
   try {
-    body();
-    return 0;
-  } catch (py::error_already_set& e) {
-    e.restore();
-  } catch (py::builtin_exception& e) {
-    e.set_error();  // cast_error too: a RuntimeError
-  } catch (std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+    try {
+      body();
+      return 0;
+    } catch (py::error_already_set& e) {
+      e.restore();
+    } catch (py::builtin_exception& e) {
+      e.set_error();  // cast_error too: a RuntimeError
+    } catch (std::bad_alloc&) {
+      PyErr_NoMemory();
+    } catch (std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
   } catch (...) {
     PyErr_SetString(PyExc_RuntimeError, "dlasync's exchange API: an unknown C++ exception");
   }
@@ -217,9 +220,15 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
     });
     if (rc == 0) return 0;
     // SetError reports it; the caller's error indicator is left as it was.
-    py::error_already_set e;
-    kind = py::str(e.type().attr("__name__"));
-    message = py::str(e.value());
+    try {
+      py::error_already_set e;
+      kind = py::str(e.type().attr("__name__"));
+      message = py::str(e.value());
+    } catch (...) {
+      PyErr_Clear();
+      kind = "RuntimeError";
+      message = "dlasync's managed_tensor_allocator failed, and its error could not be read";
+    }
   }
   if (set_error != nullptr) {
     set_error(error_ctx, kind.c_str(), message.c_str());
