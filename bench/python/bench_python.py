@@ -1,8 +1,10 @@
 """dlasync's Python module against NumPy and PyTorch, in one run.
 
 1. Per-call cost of a zero-copy import of the same 1 KiB array:
-   rt.from_dlpack, `await rt.import_dlpack` (per import, 100 gathered),
-   np.from_dlpack and torch.from_dlpack.
+   rt.from_dlpack, `await rt.import_dlpack` (per import: 100 awaited in
+   turn by one task, and 100 gathered tasks), np.from_dlpack and
+   torch.from_dlpack; then, from C, the cost per tensor of dlasync's C
+   exchange table beside PyTorch's (when PyTorch has one).
 2. Strided copies of the same arrays, 4 KiB to --max-bytes: a transpose and
    every other row, as rt.from_dlpack(x, require_contiguous=True) against
    np.ascontiguousarray(x) and torch's x.contiguous() (PyTorch with the same
@@ -77,31 +79,100 @@ def record(title, label, nbytes, base, ours):
                 f"{med:.4f},{lo:.4f},{hi:.4f},{n},{1 if hi > 1.5 * lo else 0}\n")
 
 
+def exchange_consumer():
+    """The C consumer of the exchange API the tests build
+    (tests/python/exchange_consumer.c), from $DLASYNC_EXCHANGE_CONSUMER or
+    the build tree; None when it is not built."""
+    import ctypes
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("DLASYNC_EXCHANGE_CONSUMER") or os.path.join(
+        here, "..", "..", "build", "python", "tests", "exchange_consumer.so")
+    if not os.path.exists(path):
+        return None
+    lib = ctypes.PyDLL(path)
+    lib.take_release_ns.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.c_int]
+    lib.take_release_ns.restype = ctypes.c_double
+    lib.view_ns.argtypes = [ctypes.c_void_p, ctypes.py_object, ctypes.c_int]
+    lib.view_ns.restype = ctypes.c_double
+    return lib
+
+
+def table_of(obj):
+    import ctypes
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return get(type(obj).__dlpack_c_exchange_api__, b"dlpack_exchange_api")
+
+
 def overhead_table(rt, reps):
     a = np.arange(256, dtype=np.float32)
     x = torch.from_numpy(a.copy()) if torch else None
     loop = asyncio.new_event_loop()
 
+    async def sequential():
+        # One task awaits 100 imports in turn: the import's own cost.
+        imp = rt.import_dlpack
+        for _ in range(100):
+            await imp(a)
+
     async def gathered():
+        # 100 at once: asyncio makes a Task for each, which costs more than
+        # the import.
         await asyncio.gather(*[rt.import_dlpack(a) for _ in range(100)])
 
     cands = {
         "rt.from_dlpack": lambda: rt.from_dlpack(a),
-        "await rt.import_dlpack": lambda: loop.run_until_complete(gathered()),
+        "await rt.import_dlpack (one task, in turn)": lambda: loop.run_until_complete(sequential()),
+        "await rt.import_dlpack (100 gathered tasks)": lambda: loop.run_until_complete(gathered()),
         "np.from_dlpack": lambda: np.from_dlpack(a),
     }
     if torch:
         cands["torch.from_dlpack"] = lambda: torch.from_dlpack(x)
     times = interleaved(cands, reps, 2000)
-    times["await rt.import_dlpack"] = [t / 100 for t in times["await rt.import_dlpack"]]
+    for n in ("await rt.import_dlpack (one task, in turn)",
+              "await rt.import_dlpack (100 gathered tasks)"):
+        times[n] = [t / 100 for t in times[n]]
     loop.close()
+    record("rt.from_dlpack against np.from_dlpack (per call)", "1 KiB view", 1024,
+           times["np.from_dlpack"], times["rt.from_dlpack"])
     print("## Zero-copy import of a 1 KiB array: cost per call (median of repetitions)\n")
-    print("| call | ns per call | rt.from_dlpack vs it (ratio [lo-hi]) |")
+    print("| call | ns per call | it vs rt.from_dlpack (ratio [lo-hi]; above 1: dlasync faster) |")
     print("|---|---|---|")
     ours = times["rt.from_dlpack"]
     for n, t in times.items():
         vs = "" if n == "rt.from_dlpack" else ratio_text(t, ours)
         print(f"| {n} | {statistics.median(t):,.0f} | {vs} |")
+    print()
+
+    lib = exchange_consumer()
+    if lib is None:
+        print("(the C exchange API rows need tests/python/exchange_consumer.c built: "
+              "build/python/tests/exchange_consumer.so)\n")
+        return
+    t = rt.from_dlpack(a)
+    api = table_of(t)
+    cands = {
+        "dlasync: managed_tensor_from_py_object_no_sync + deleter":
+            lambda: lib.take_release_ns(api, t, 10000),
+        "dlasync: dltensor_from_py_object_no_sync": lambda: lib.view_ns(api, t, 10000),
+    }
+    if torch is not None and hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        tapi = table_of(x)
+        cands["PyTorch: managed_tensor_from_py_object_no_sync + deleter"] = \
+            lambda: lib.take_release_ns(tapi, x, 10000)
+        cands["PyTorch: dltensor_from_py_object_no_sync"] = lambda: lib.view_ns(tapi, x, 10000)
+    # Each call returns its own ns per tensor: take the medians of those.
+    results = {n: [] for n in cands}
+    for r in range(reps):
+        names = list(cands)
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            results[n].append(cands[n]())
+    print("## Through the DLPack C exchange API, from C (tests/python/exchange_consumer.c)\n")
+    print("| table function | ns per tensor (median [lo-hi]) |")
+    print("|---|---|")
+    for n, v in results.items():
+        print(f"| {n} | {statistics.median(v):,.1f} [{min(v):.1f}-{max(v):.1f}] |")
     print()
 
 

@@ -23,6 +23,7 @@ _bridges = _weakref.WeakKeyDictionary()
 
 
 def _bridge(loop):
+    """The loop's bridge, made at its first import that waits."""
     bridge = _bridges.get(loop)
     if bridge is None:
         bridge = _core._LoopBridge()
@@ -53,16 +54,18 @@ class Runtime(_core.Runtime):
         awaiting task cancels the import (the producer's tensor is released
         once nothing reads it); a result that arrives anyway is released at
         once."""
-        loop = _asyncio.get_running_loop()
-        future = loop.create_future()
-        call = self._start_import(x, _bridge(loop), future, device=device, copy=copy,
-                                  stream=stream, require_contiguous=require_contiguous,
-                                  require_writable=require_writable)
+        started = self._start_import(x, _asyncio.get_running_loop(), device=device,
+                                     copy=copy, stream=stream,
+                                     require_contiguous=require_contiguous,
+                                     require_writable=require_writable)
+        if type(started) is not tuple:
+            return started  # a view, made at once: nothing to wait for
+        call, future = started
         try:
             return await future
         except BaseException:
             call.cancel()
-            future = None  # noqa: F841 (see above)
+            future = started = None  # noqa: F841 (see above)
             raise
 
     async def import_batch(self, xs, /, *, device=None, copy=None, stream=None,

@@ -17,6 +17,7 @@
 #include "dlasync/runtime.hpp"
 #include "py_args.hpp"
 #include "py_async.hpp"
+#include "py_fastcall.hpp"
 #include "py_release.hpp"
 #include "py_runtime.hpp"
 #include "py_tensor.hpp"
@@ -103,13 +104,15 @@ PYBIND11_MODULE(_core, m) {
   py::class_<import_call, std::shared_ptr<import_call>>(m, "_ImportCall")
       .def("cancel", &import_call::cancel);
 
-  py::class_<py_runtime>(m, "Runtime",
-                         R"(A dlasync runtime: its executor, copy workers, devices and copy budget.
+  py::class_<py_runtime> runtime_class(
+      m, "Runtime",
+      R"(A dlasync runtime: its executor, copy workers, devices and copy budget.
 
 Runtime(cuda=None, workers=0, ...): cuda is "off", "auto", "real", "sim" or
 "sim:N" (N simulated GPUs); None reads DLASYNC_CUDA, else "auto". workers=0
 means one per hardware thread. copy_memory_budget=0 means unlimited. A
-context manager: leaving it shuts the runtime down, as shutdown() does.)")
+context manager: leaving it shuts the runtime down, as shutdown() does.)");
+  runtime_class
       .def(py::init(&make_runtime), py::kw_only(), py::arg("cuda") = py::none(),
            py::arg("workers") = py::int_(0), py::arg("executor_threads") = py::int_(1),
            py::arg("host_devices") = py::int_(0), py::arg("copy_memory_budget") = py::int_(0),
@@ -117,43 +120,6 @@ context manager: leaving it shuts the runtime down, as shutdown() does.)")
            py::arg("host_cache_bytes") = py::none(), py::arg("streams_per_device") = py::none(),
            py::arg("staging_chunk_bytes") = py::none(), py::arg("staging_chunks") = py::none(),
            py::arg("staging_streams") = py::none(), py::arg("copy_helper_linger_us") = py::none())
-      .def(
-          "from_dlpack",
-          [](const py::object& self, py::handle x, py::object device, py::object copy,
-             py::object stream, py::object require_contiguous, py::object require_writable) {
-            py_runtime& rt = self.cast<py_runtime&>();
-            return rt.from_dlpack(
-                self, x,
-                args_of(std::move(device), std::move(copy), std::move(stream),
-                        std::move(require_contiguous), std::move(require_writable)));
-          },
-          py::arg("x"), py::pos_only(), py::kw_only(), py::arg("device") = py::none(),
-          py::arg("copy") = py::none(), py::arg("stream") = py::none(),
-          py::arg("require_contiguous") = py::bool_(false),
-          py::arg("require_writable") = py::bool_(false),
-          R"(Imports `x` (an object with __dlpack__, or a DLPack capsule) and returns a Tensor.
-
-Waits for the import with the GIL released. device: where it lands (None:
-where it is). copy: True always copies, False never (ValueError when a copy
-is needed), None copies only when needed. stream: the consumer stream passed
-to x.__dlpack__ (DLPack encoding); for a CUDA producer dlasync names its own
-stream when None is given.)")
-      .def(
-          "_start_import",
-          [](const py::object& self, py::handle x, std::shared_ptr<loop_bridge> bridge,
-             py::handle future, py::object device, py::object copy, py::object stream,
-             py::object require_contiguous, py::object require_writable) {
-            py_runtime& rt = self.cast<py_runtime&>();
-            return rt.start_import(
-                self, x,
-                args_of(std::move(device), std::move(copy), std::move(stream),
-                        std::move(require_contiguous), std::move(require_writable)),
-                std::move(bridge), future);
-          },
-          py::arg("x"), py::arg("bridge"), py::arg("future"), py::kw_only(),
-          py::arg("device") = py::none(), py::arg("copy") = py::none(),
-          py::arg("stream") = py::none(), py::arg("require_contiguous") = py::bool_(false),
-          py::arg("require_writable") = py::bool_(false))
       .def(
           "_start_batch",
           [](const py::object& self, const py::sequence& xs, std::shared_ptr<loop_bridge> bridge,
@@ -197,6 +163,18 @@ stream when None is given.)")
         rt.shutdown();
         return false;
       });
+
+  // from_dlpack and the start of import_dlpack, the most frequent calls,
+  // without pybind11's dispatcher.
+  add_fast_imports(runtime_class,
+                   "from_dlpack($self, x, /, *, device=None, copy=None, stream=None, "
+                   "require_contiguous=False, require_writable=False)\n--\n\n"
+                   "Imports `x` (an object with __dlpack__, or a DLPack capsule) and returns a "
+                   "Tensor.\n\nWaits for the import with the GIL released. device: where it "
+                   "lands (None: where it is). copy: True always copies, False never "
+                   "(ValueError when a copy is needed), None copies only when needed. stream: "
+                   "the consumer stream passed to x.__dlpack__ (DLPack encoding); for a CUDA "
+                   "producer dlasync names its own stream when None is given.");
 
   m.def("_at_exit", &py_runtime::at_exit);
   m.def("_skipped_releases", &skipped_releases,

@@ -127,7 +127,7 @@ void loop_bridge::push(std::shared_ptr<import_call> call) {
 }
 
 py::object tensor_object(tensor t, const py_ref& owner) {
-  return py::cast(py_tensor{
+  return make_tensor(py_tensor{
       std::move(t), py::reinterpret_borrow<py::object>(static_cast<PyObject*>(owner.get()))});
 }
 

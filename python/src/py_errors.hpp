@@ -24,6 +24,9 @@
 
 #include <pybind11/pybind11.h>
 
+#include <exception>
+#include <new>
+
 #include "absl/status/status.h"
 
 namespace dlasync::python {
@@ -34,5 +37,31 @@ pybind11::object make_exception(const absl::Status& status);
 
 // Raises make_exception(status).
 [[noreturn]] void raise_status(const absl::Status& status);
+
+// Runs `body` where no C++ exception may leave (a C function, a raw CPython
+// method), turning what it throws into the Python error indicator, as
+// pybind11's dispatcher does: true when it returned, false with an
+// exception set.
+template <typename Body>
+bool python_errors_of(Body&& body) noexcept {
+  // The outer handler also takes what the inner ones might throw.
+  try {
+    try {
+      body();
+      return true;
+    } catch (pybind11::error_already_set& e) {
+      e.restore();
+    } catch (pybind11::builtin_exception& e) {
+      e.set_error();  // cast_error too: a RuntimeError
+    } catch (std::bad_alloc&) {
+      PyErr_NoMemory();
+    } catch (std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  } catch (...) {
+    PyErr_SetString(PyExc_RuntimeError, "dlasync: an unknown C++ exception");
+  }
+  return false;
+}
 
 }  // namespace dlasync::python

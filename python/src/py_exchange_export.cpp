@@ -3,11 +3,10 @@
 #include <Python.h>
 
 #include <cstdint>
-#include <exception>
 #include <limits>
 #include <memory>
-#include <new>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -24,42 +23,24 @@ namespace py = pybind11;
 namespace dlasync::python {
 namespace {
 
-// Runs `body` (which sets its results), turning what it raises into the
-// Python error indicator: 0, or -1 with an exception set.
+// Runs `body` (which sets its results): 0, or -1 with an exception set.
 template <typename Body>
 int raising(Body&& body) noexcept {
-  // The outer handler also takes what the inner ones might throw.
-  try {
-    try {
-      body();
-      return 0;
-    } catch (py::error_already_set& e) {
-      e.restore();
-    } catch (py::builtin_exception& e) {
-      e.set_error();  // cast_error too: a RuntimeError
-    } catch (std::bad_alloc&) {
-      PyErr_NoMemory();
-    } catch (std::exception& e) {
-      PyErr_SetString(PyExc_RuntimeError, e.what());
-    }
-  } catch (...) {
-    PyErr_SetString(PyExc_RuntimeError, "dlasync's exchange API: an unknown C++ exception");
-  }
-  return -1;
+  return python_errors_of(std::forward<Body>(body)) ? 0 : -1;
 }
 
 // The dlasync.Tensor `py_object` is, ready to export; TypeError for another
 // object, BufferError as __dlpack__ refuses.
 const py_tensor& exportable(void* py_object, const char* function) {
   py::handle obj(static_cast<PyObject*>(py_object));
-  if (obj.ptr() == nullptr || !py::isinstance<py_tensor>(obj)) {
+  if (obj.ptr() == nullptr || !is_tensor(obj)) {
     throw py::type_error(absl::StrCat(
         "dlasync's ", function, " takes a dlasync.Tensor, not ",
         obj.ptr() == nullptr ? std::string("NULL")
                              : std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
         ": call the exchange API of the object's own type"));
   }
-  const py_tensor& self = obj.cast<const py_tensor&>();
+  const py_tensor& self = tensor_of(obj);
   check_exportable(self);
   return self;
 }

@@ -165,7 +165,7 @@ import_options py_runtime::options_of(const import_args& a) const {
 
 taken_source py_runtime::take(py::handle x, const import_args& a, import_options& options,
                               batch_members* batch) {
-  if (a.stream.is_none() && !py::isinstance<py_tensor>(x) && PyCapsule_CheckExact(x.ptr()) == 0) {
+  if (a.stream.is_none() && !is_tensor(x) && PyCapsule_CheckExact(x.ptr()) == 0) {
     if (const exchange_api* api = exchange_api_of(x)) {
       taken_source taken = take_exchange(x, *api, batch);
       options.stream = taken.producer_stream;
@@ -181,8 +181,8 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
     // A capsule says where its memory is once claimed: the import checks the
     // stream then, and a refused capsule gets its tensor back.
     if (PyCapsule_CheckExact(x.ptr()) != 0) return s;
-    if (py::isinstance<py_tensor>(x)) {
-      const device d = x.cast<const py_tensor&>().value.device();
+    if (is_tensor(x)) {
+      const device d = tensor_of(x).value.device();
       return stream_for(d.kind, *s, absl::StrCat("a dlasync.Tensor on ", d.name()));
     }
     // Checked against where the producer says its memory is before its
@@ -200,7 +200,7 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
                       absl::StrCat("a ", type, " whose __dlpack_device__() is (", dev->first, ", ",
                                    dev->second, ")"));
   }
-  if (py::isinstance<py_tensor>(x) || PyCapsule_CheckExact(x.ptr()) != 0) return std::nullopt;
+  if (is_tensor(x) || PyCapsule_CheckExact(x.ptr()) != 0) return std::nullopt;
   std::optional<std::pair<int, int>> dev = dlpack_device_of(x);
   if (!dev) return std::nullopt;
   const auto kind = static_cast<device_kind>(dev->first);
@@ -228,7 +228,7 @@ py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const i
     absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
     taken.settle();
     if (!view.ok()) raise_status(view.status());
-    return py::cast(py_tensor{std::move(*view), self});
+    return make_tensor(py_tensor{std::move(*view), self});
   }
   return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
 }
@@ -249,7 +249,7 @@ py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
   taken.settle();
   absl::StatusOr<tensor> t = call->wait_one();
   if (!t.ok()) raise_status(t.status());
-  return py::cast(py_tensor{std::move(*t), self});
+  return make_tensor(py_tensor{std::move(*t), self});
 }
 
 py::object py_runtime::import_managed(const py::object& self, managed_tensor source,
@@ -261,32 +261,29 @@ py::object py_runtime::import_managed(const py::object& self, managed_tensor sou
   return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
 }
 
-std::shared_ptr<import_call> py_runtime::start_import(py::object self, py::handle x,
-                                                      const import_args& a,
-                                                      std::shared_ptr<loop_bridge> bridge,
-                                                      py::handle future) {
+py::object py_runtime::start_import(const py::object& self, py::handle x, const import_args& a,
+                                    py::handle loop) {
   import_options options = options_of(a);
   runtime& rt = get();
   taken_source taken = take(x, a, options);
-  auto call = std::make_shared<import_call>();
   if (is_plain_view(plan_import(taken.source, options, rt.registry()), options)) {
-    // A view is made at once: the future is resolved before the first await.
+    // A view is made at once: no future, and the coroutine never suspends.
     absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
     taken.settle();
-    if (view.ok()) {
-      future.attr("set_result")(py::cast(py_tensor{std::move(*view), self}));
-    } else {
-      future.attr("set_exception")(make_exception(view.status()));
-    }
-    call->mark_done();
-    return call;
+    if (!view.ok()) raise_status(view.status());
+    return make_tensor(py_tensor{std::move(*view), self});
   }
+  // The loop's bridge and a future, made only for an import that waits.
+  static auto* bridge_of = new py::object(py::module_::import("dlasync").attr("_bridge"));
+  auto bridge = (*bridge_of)(loop).cast<std::shared_ptr<loop_bridge>>();
+  py::object future = loop.attr("create_future")();
+  auto call = std::make_shared<import_call>();
   call->future = py_ref(future.ptr());
   call->owner = py_ref(self.ptr());
   call->bridge = std::move(bridge);
   async_import_dlpack(rt, taken.source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
   taken.settle();
-  return call;
+  return py::make_tuple(py::cast(call), future);
 }
 
 std::shared_ptr<import_call> py_runtime::start_batch(py::object self, const py::sequence& xs,

@@ -53,12 +53,13 @@ class py_runtime {
   // Synchronous: waits (GIL released) and returns a Tensor, or raises.
   pybind11::object from_dlpack(const pybind11::object& self, pybind11::handle x,
                                const import_args& a);
-  // Asyncio: starts the import; its completion resolves `future` through
-  // `bridge`. Raises at once what is wrong before the import starts.
-  std::shared_ptr<import_call> start_import(pybind11::object self, pybind11::handle x,
-                                            const import_args& a,
-                                            std::shared_ptr<loop_bridge> bridge,
-                                            pybind11::handle future);
+  // Asyncio: starts the import on `loop`. A view is made at once and
+  // returned (a Tensor); else the result is a tuple (import_call, future),
+  // the future resolved on the loop through its bridge (dlasync._bridge).
+  // Raises at once what is wrong before the import starts, and a view's
+  // refusal.
+  pybind11::object start_import(const pybind11::object& self, pybind11::handle x,
+                                const import_args& a, pybind11::handle loop);
   std::shared_ptr<import_call> start_batch(pybind11::object self, const pybind11::sequence& xs,
                                            const import_args& a,
                                            std::shared_ptr<loop_bridge> bridge,

@@ -2,6 +2,7 @@
 
 #include <Python.h>
 
+#include <climits>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -119,6 +120,22 @@ taken_source from_capsule(py::object capsule, batch_members* batch) {
   return out;
 }
 
+// The names and constants of the per-call path, made once (the GIL held),
+// alive for the process.
+struct call_names {
+  PyObject* dlpack = PyUnicode_InternFromString("__dlpack__");
+  PyObject* dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+  PyObject* max_version = Py_BuildValue("(II)", dlpack_major_version, dlpack_minor_version);
+  PyObject* kw_max_version = Py_BuildValue("(s)", "max_version");
+  PyObject* kw_stream = Py_BuildValue("(s)", "stream");
+  PyObject* kw_stream_max_version = Py_BuildValue("(ss)", "stream", "max_version");
+};
+
+const call_names& names() {
+  static const auto* n = new call_names();
+  return *n;
+}
+
 bool is_keyword_refusal(const py::error_already_set& e) {
   if (!e.matches(PyExc_TypeError)) return false;
   const std::string what = py::str(e.value());
@@ -205,8 +222,28 @@ void taken_source::settle() {
 }
 
 std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
-  if (!py::hasattr(obj, "__dlpack_device__")) return std::nullopt;
-  py::object d = obj.attr("__dlpack_device__")();
+  PyObject* method = PyObject_GetAttr(obj.ptr(), names().dlpack_device);
+  if (method == nullptr) {
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) == 0) throw py::error_already_set();
+    PyErr_Clear();
+    return std::nullopt;
+  }
+  auto d = py::reinterpret_steal<py::object>(PyObject_CallNoArgs(method));
+  Py_DECREF(method);
+  if (!d) throw py::error_already_set();
+  // The usual answer, a tuple of two small ints, read without pybind11's casts.
+  if (PyTuple_CheckExact(d.ptr()) != 0 && PyTuple_GET_SIZE(d.ptr()) == 2) {
+    PyObject* type = PyTuple_GET_ITEM(d.ptr(), 0);
+    PyObject* id = PyTuple_GET_ITEM(d.ptr(), 1);
+    if (PyLong_CheckExact(type) != 0 && PyLong_CheckExact(id) != 0) {
+      int overflow = 0;
+      const long t = PyLong_AsLongAndOverflow(type, &overflow);
+      const long i = overflow == 0 ? PyLong_AsLongAndOverflow(id, &overflow) : 0;
+      if (overflow == 0 && t >= INT_MIN && t <= INT_MAX && i >= INT_MIN && i <= INT_MAX) {
+        return std::pair<int, int>(static_cast<int>(t), static_cast<int>(i));
+      }
+    }
+  }
   try {
     return d.cast<std::pair<int, int>>();
   } catch (const py::cast_error&) {
@@ -218,8 +255,8 @@ std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
 }
 
 taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, batch_members* batch) {
-  if (py::isinstance<py_tensor>(obj)) {
-    const tensor& t = obj.cast<const py_tensor&>().value;
+  if (is_tensor(obj)) {
+    const tensor& t = tensor_of(obj).value;
     absl::StatusOr<DLManagedTensorVersioned*> out = t.to_dlpack_versioned();
     if (!out.ok()) raise_status(out.status());
     taken_source s;
@@ -230,7 +267,12 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
   if (PyCapsule_CheckExact(obj.ptr()) != 0) {
     return from_capsule(py::reinterpret_borrow<py::object>(obj), batch);
   }
-  py::object dlpack = py::getattr(obj, "__dlpack__", py::none());
+  auto dlpack = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), names().dlpack));
+  if (!dlpack) {
+    if (PyErr_ExceptionMatches(PyExc_AttributeError) == 0) throw py::error_already_set();
+    PyErr_Clear();
+    dlpack = py::none();
+  }
   if (dlpack.is_none()) {
     throw py::attribute_error(
         absl::StrCat("dlasync imports objects that implement the DLPack protocol (__dlpack__ and "
@@ -238,22 +280,38 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
                      std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
                      " has no __dlpack__: convert it with numpy.asarray or torch.as_tensor first"));
   }
-  py::dict kwargs;
-  if (stream) kwargs["stream"] = *stream;
+  // Called with vectorcall and constant keyword names: no dict a call.
+  py::object stream_value;
+  if (stream) stream_value = py::int_(*stream);
+  const auto call = [&](bool versioned) {
+    PyObject* args[3] = {nullptr};
+    std::size_t n = 1;
+    PyObject* kwnames = nullptr;
+    if (stream) args[n++] = stream_value.ptr();
+    if (versioned) args[n++] = names().max_version;
+    if (stream && versioned) {
+      kwnames = names().kw_stream_max_version;
+    } else if (stream) {
+      kwnames = names().kw_stream;
+    } else if (versioned) {
+      kwnames = names().kw_max_version;
+    }
+    PyObject* out =
+        PyObject_Vectorcall(dlpack.ptr(), args + 1, PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (out == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(out);
+  };
   py::object capsule;
   py::handle type = py::type::handle_of(obj);
   if (legacy_producer_types().contains(type)) {
-    capsule = dlpack(**kwargs);
+    capsule = call(false);
   } else {
-    py::dict versioned;  // a dict of its own: py::dict copies share one
-    if (stream) versioned["stream"] = *stream;
-    versioned["max_version"] = py::make_tuple(dlpack_major_version, dlpack_minor_version);
     try {
-      capsule = dlpack(**versioned);
+      capsule = call(true);
     } catch (py::error_already_set& e) {
       if (!is_keyword_refusal(e)) throw;
       // A producer older than DLPack 1.0's Python protocol: the legacy call.
-      capsule = dlpack(**kwargs);
+      capsule = call(false);
       legacy_producer_types().add(type);
     }
   }

@@ -72,7 +72,7 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
     o.copy = true;
     py::object copied =
         self.owner.cast<py_runtime&>().import_managed(self.owner, managed_tensor(*own_export), o);
-    const py_tensor& c = copied.cast<const py_tensor&>();
+    const py_tensor& c = tensor_of(copied);
     if (is_simulated(c)) {
       throw py::buffer_error(absl::StrCat(
           c.value.device().name(),
@@ -86,7 +86,28 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
   return export_capsule(t, versioned);
 }
 
+PyTypeObject* tensor_type = nullptr;
+const py::detail::type_info* tensor_info = nullptr;
+
 }  // namespace
+
+bool is_tensor(py::handle obj) noexcept {
+  return PyObject_TypeCheck(obj.ptr(), tensor_type) != 0;
+}
+
+const py_tensor& tensor_of(py::handle obj) {
+  auto* inst = reinterpret_cast<py::detail::instance*>(obj.ptr());
+  return *inst->get_value_and_holder(tensor_info).value_ptr<py_tensor>();
+}
+
+py::object make_tensor(py_tensor&& t) {
+  return py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
+      &t, py::return_value_policy::move, py::handle(), tensor_info, nullptr,
+      [](const void* p) -> void* {
+        // pybind11 moves from the object it was handed, as py::cast does.
+        return new py_tensor(std::move(*const_cast<py_tensor*>(static_cast<const py_tensor*>(p))));
+      }));
+}
 
 void check_exportable(const py_tensor& self) {
   const tensor& t = self.value;
@@ -196,6 +217,8 @@ __dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)")
                                    t.value.device().ordinal);
            })
       .def("__repr__", &repr);
+  tensor_type = reinterpret_cast<PyTypeObject*>(py::type::of<py_tensor>().ptr());
+  tensor_info = py::detail::get_type_info(typeid(py_tensor));
   // DLPack 1.3's C exchange API, on the type, where consumers look.
   py::type::of<py_tensor>().attr(kExchangeApiAttr) = exchange_api_capsule();
 }

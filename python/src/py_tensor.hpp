@@ -23,6 +23,13 @@ struct py_tensor {
   pybind11::object owner;  // the dlasync Runtime (Python object)
 };
 
+// The Tensor type without pybind11's lookup by C++ type on every call (a
+// hash of the type's name): for the per-call path. Ready once bind_tensor ran.
+bool is_tensor(pybind11::handle obj) noexcept;
+// `obj` must be a Tensor (is_tensor).
+const py_tensor& tensor_of(pybind11::handle obj);
+pybind11::object make_tensor(py_tensor&& t);
+
 // Raises BufferError for a tensor no other library may take as it is: one
 // with negative strides, or one on a simulated GPU.
 void check_exportable(const py_tensor& self);

@@ -114,3 +114,32 @@ def test_runtime_options_of_the_wrong_type_or_value():
            "staging_chunks")
     raises(TypeError, lambda: dlasync.Device("cpu", "0"), "'0'")
     gc.collect()
+
+
+def test_from_dlpack_takes_the_arguments_it_names_and_refuses_others(rt):
+    # A vectorcall method, not a pybind11 binding: the same signature and
+    # the standard's TypeErrors, naming what was wrong.
+    import inspect
+    a = np.arange(4.0)
+    sig = inspect.signature(type(rt).from_dlpack)
+    assert list(sig.parameters) == ["self", "x", "device", "copy", "stream",
+                                    "require_contiguous", "require_writable"]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'dtype'"):
+        rt.from_dlpack(a, dtype="float32")
+    with pytest.raises(TypeError, match="takes 1 positional argument.*2 given"):
+        rt.from_dlpack(a, "cpu")
+    with pytest.raises(TypeError, match="0 given"):
+        rt.from_dlpack()
+    with pytest.raises(TypeError, match="copy"):
+        rt.from_dlpack(a, copy=1)
+    t = rt.from_dlpack(a, device="cpu:1", copy=True, stream=None, require_contiguous=True,
+                       require_writable=True)
+    assert t.is_copy and t.device == "cpu:1"
+    # Unbound, through the type, as pybind11's binding allowed.
+    assert type(rt).from_dlpack(rt, a).is_view
+
+
+def test_from_dlpack_on_a_runtime_that_was_never_initialized():
+    r = dlasync.Runtime.__new__(dlasync.Runtime)
+    with pytest.raises(TypeError, match="not initialized"):
+        r.from_dlpack(np.arange(2.0))
