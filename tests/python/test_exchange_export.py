@@ -206,3 +206,22 @@ def test_the_allocator_reports_what_it_refuses_through_set_error(rt, monkeypatch
     assert rc == -1 and box.calls == 1
     assert box.kind.decode() == kind, box.message
     assert words in box.message.decode()
+
+
+def test_the_allocator_takes_the_gil_itself(rt, monkeypatch):
+    # DLPack lets a consumer call the allocator without the GIL: through
+    # ctypes.CDLL the GIL is released during the call.
+    monkeypatch.setattr(dlasync, "_default", rt)
+    free_lib = ctypes.CDLL(os.environ["DLASYNC_EXCHANGE_CONSUMER"])
+    free_lib.allocate.argtypes = C.allocate.argtypes
+    free_lib.allocate.restype = c_int
+    free_lib.release.argtypes = [c_void_p]
+    dims = (c_int64 * 1)(1000)
+    out, box = c_void_p(), ErrorBox()
+    assert free_lib.allocate(API, 1, 0, 2, 64, 1, dims, ctypes.byref(out), ctypes.byref(box)) == 0
+    m = dp.DLManagedTensorVersioned.from_address(out.value)
+    assert m.dl_tensor.shape[0] == 1000 and m.dl_tensor.dtype.bits == 64
+    free_lib.release(out)  # the deleter needs no GIL either
+    bad = (c_int64 * 1)(-5)
+    assert free_lib.allocate(API, 1, 0, 2, 32, 1, bad, ctypes.byref(out), ctypes.byref(box)) == -1
+    assert box.kind == b"ValueError" and b"shape[0] is -5" in box.message
