@@ -2,7 +2,9 @@
 
 #include <Python.h>
 
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <memory>
 #include <string>
@@ -45,8 +47,10 @@ const py_tensor& exportable(void* py_object, const char* function) {
   return self;
 }
 
-int managed_from_py(void* py_object, DLManagedTensorVersioned** out) {
+int managed_from_py(void* py_object, DLManagedTensorVersioned** out) noexcept {
+  if (out != nullptr) *out = nullptr;
   return raising([&] {
+    if (out == nullptr) throw py::value_error("managed_tensor_from_py_object_no_sync: out is NULL");
     const py_tensor& self = exportable(py_object, "managed_tensor_from_py_object_no_sync");
     absl::StatusOr<DLManagedTensorVersioned*> exported = self.value.to_dlpack_versioned();
     if (!exported.ok()) throw py::buffer_error(std::string(exported.status().message()));
@@ -54,8 +58,9 @@ int managed_from_py(void* py_object, DLManagedTensorVersioned** out) {
   });
 }
 
-int dltensor_from_py(void* py_object, DLTensor* out) {
+int dltensor_from_py(void* py_object, DLTensor* out) noexcept {
   return raising([&] {
+    if (out == nullptr) throw py::value_error("dltensor_from_py_object_no_sync: out is NULL");
     const py_tensor& self = exportable(py_object, "dltensor_from_py_object_no_sync");
     const tensor& t = self.value;
     if (t.read_only()) {
@@ -76,23 +81,28 @@ int dltensor_from_py(void* py_object, DLTensor* out) {
   });
 }
 
-int managed_to_py(DLManagedTensorVersioned* tensor, void** out_py_object) {
-  if (tensor == nullptr) {
+int managed_to_py(DLManagedTensorVersioned* tensor, void** out_py_object) noexcept {
+  if (out_py_object != nullptr) *out_py_object = nullptr;
+  if (tensor == nullptr || out_py_object == nullptr) {
     PyErr_SetString(PyExc_ValueError,
-                    "dlasync's managed_tensor_to_py_object_no_sync was given NULL");
+                    "dlasync's managed_tensor_to_py_object_no_sync was given a NULL tensor or "
+                    "out_py_object (a NULL out leaves the tensor to its owner)");
     return -1;
   }
   // Owned by the capsule from here: a refusal gives it to its deleter.
   return raising([&] {
     py::capsule capsule = versioned_capsule(tensor);
-    py::object t = py::module_::import("dlasync").attr("from_dlpack")(capsule);
+    // A view of the caller's memory, as the function promises: a tensor that
+    // needs a copy is refused (ValueError), and goes to its deleter.
+    py::object t =
+        py::module_::import("dlasync").attr("from_dlpack")(capsule, py::arg("copy") = false);
     *out_py_object = t.release().ptr();
   });
 }
 
 int current_stream(DLDeviceType /*device_type*/, std::int32_t /*device_id*/,
-                   void** out_current_stream) {
-  *out_current_stream = nullptr;
+                   void** out_current_stream) noexcept {
+  if (out_current_stream != nullptr) *out_current_stream = nullptr;
   return 0;
 }
 
@@ -134,6 +144,14 @@ absl::StatusOr<std::uint64_t> prototype_bytes(const DLTensor& p) {
       return absl::InvalidArgumentError("the prototype's element count overflows 64 bits");
     }
   }
+  // The compact strides, which a zero extent leaves unbounded by the count.
+  std::int64_t stride = 1;
+  for (std::int32_t d = p.ndim - 1; d > 0; --d) {
+    if (__builtin_mul_overflow(stride, p.shape[d] > 0 ? p.shape[d] : 1, &stride)) {
+      return absl::InvalidArgumentError(
+          "the prototype's strides overflow 64 bits (its extents multiply past 2^63)");
+    }
+  }
   std::uint64_t bits = 0;
   if (__builtin_mul_overflow(elements, std::uint64_t{type.bits} * type.lanes, &bits) ||
       bits > std::numeric_limits<std::uint64_t>::max() - 7) {
@@ -143,13 +161,17 @@ absl::StatusOr<std::uint64_t> prototype_bytes(const DLTensor& p) {
 }
 
 int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ctx,
-             void (*set_error)(void* error_ctx, const char* kind, const char* message)) {
-  std::string kind;
-  std::string message;
-  {
+             void (*set_error)(void* error_ctx, const char* kind, const char* message)) noexcept {
+  if (out != nullptr) *out = nullptr;
+  // What SetError reports; fixed buffers, so that reporting cannot throw.
+  std::array<char, 64> kind{"RuntimeError"};
+  std::array<char, 1024> message{"dlasync's managed_tensor_allocator failed"};
+  try {
     py::gil_scoped_acquire gil;
     const int rc = raising([&] {
-      if (prototype == nullptr) throw py::value_error("the prototype is NULL");
+      if (prototype == nullptr || out == nullptr) {
+        throw py::value_error("managed_tensor_allocator was given a NULL prototype or out");
+      }
       absl::StatusOr<std::uint64_t> bytes = prototype_bytes(*prototype);
       if (!bytes.ok()) throw py::value_error(std::string(bytes.status().message()));
       const device d{static_cast<device_kind>(prototype->device.device_type),
@@ -189,7 +211,7 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
       m.dl_tensor.ndim = prototype->ndim;
       m.dl_tensor.dtype = prototype->dtype;
       const std::int32_t n = prototype->ndim;
-      std::int64_t stride = 1;
+      std::int64_t stride = 1;  // prototype_bytes checked that no stride overflows
       for (std::int32_t i = n - 1; i >= 0; --i) {
         a->dims[i] = prototype->shape[i];
         a->dims[n + i] = stride;
@@ -201,21 +223,20 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
     });
     if (rc == 0) return 0;
     // SetError reports it; the caller's error indicator is left as it was.
-    try {
-      py::error_already_set e;
-      kind = py::str(e.type().attr("__name__"));
-      message = py::str(e.value());
-    } catch (...) {
-      PyErr_Clear();
-      kind = "RuntimeError";
-      message = "dlasync's managed_tensor_allocator failed, and its error could not be read";
-    }
+    py::error_already_set e;
+    std::snprintf(kind.data(), kind.size(), "%s",
+                  std::string(py::str(e.type().attr("__name__"))).c_str());
+    std::snprintf(message.data(), message.size(), "%s", std::string(py::str(e.value())).c_str());
+  } catch (...) {
+    // The error could not be read (or the GIL not taken): the defaults stand.
+    if (PyGILState_Check() != 0) PyErr_Clear();
   }
   if (set_error != nullptr) {
-    set_error(error_ctx, kind.c_str(), message.c_str());
+    set_error(error_ctx, kind.data(), message.data());
   } else {
-    py::gil_scoped_acquire gil;
-    PyErr_SetString(PyExc_RuntimeError, message.c_str());
+    const PyGILState_STATE state = PyGILState_Ensure();
+    PyErr_SetString(PyExc_RuntimeError, message.data());
+    PyGILState_Release(state);
   }
   return -1;
 }

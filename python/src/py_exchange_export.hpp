@@ -8,10 +8,12 @@
 //   managed_tensor_from_py_object_no_sync  a new versioned managed tensor
 //       sharing the Tensor's memory (READ_ONLY kept), as __dlpack__ gives;
 //   dltensor_from_py_object_no_sync  a non-owning DLTensor, valid while the
-//       Tensor lives; a read-only Tensor is refused (a DLTensor cannot say so);
+//       Tensor lives; a read-only Tensor is refused (a DLTensor cannot say so;
+//       no Tensor holds padded sub-byte data, which imports refuse);
 //   managed_tensor_to_py_object_no_sync  a dlasync.Tensor viewing an owning
-//       managed tensor, imported on the process's default runtime (the one
-//       dlasync.from_dlpack uses), which then owns it;
+//       managed tensor, imported with copy=False on the process's default
+//       runtime (the one dlasync.from_dlpack uses), which then owns it; one
+//       that would need a copy is refused and goes to its deleter;
 //   managed_tensor_allocator  new memory on cpu, cuda or cuda_host from the
 //       default runtime, for the prototype's dtype and shape, compact;
 //   current_work_stream  NULL: dlasync has no current stream, and a Tensor's

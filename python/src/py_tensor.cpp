@@ -97,7 +97,13 @@ bool is_tensor(py::handle obj) noexcept {
 
 const py_tensor& tensor_of(py::handle obj) {
   auto* inst = reinterpret_cast<py::detail::instance*>(obj.ptr());
-  return *inst->get_value_and_holder(tensor_info).value_ptr<py_tensor>();
+  const auto* t = inst->get_value_and_holder(tensor_info).value_ptr<py_tensor>();
+  if (t == nullptr) {
+    // Tensor.__new__ without dlasync behind it: there is no tensor to read.
+    throw py::type_error(
+        "this dlasync.Tensor holds no tensor (made with Tensor.__new__, not by an import)");
+  }
+  return *t;
 }
 
 py::object make_tensor(py_tensor&& t) {

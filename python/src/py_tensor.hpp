@@ -26,7 +26,8 @@ struct py_tensor {
 // The Tensor type without pybind11's lookup by C++ type on every call (a
 // hash of the type's name): for the per-call path. Ready once bind_tensor ran.
 bool is_tensor(pybind11::handle obj) noexcept;
-// `obj` must be a Tensor (is_tensor).
+// `obj` must be a Tensor (is_tensor); TypeError for one that holds no
+// tensor (made with Tensor.__new__).
 const py_tensor& tensor_of(pybind11::handle obj);
 pybind11::object make_tensor(py_tensor&& t);
 

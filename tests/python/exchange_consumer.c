@@ -173,3 +173,12 @@ double view_ns(const DLPackExchangeAPI* api, void* obj, int n) {
   clock_gettime(CLOCK_MONOTONIC, &b);
   return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n;
 }
+
+/* The table's functions given NULL outputs: each must refuse, not write. */
+int take_into_null(const DLPackExchangeAPI* api, void* obj) {
+  return api->managed_tensor_from_py_object_no_sync(obj, NULL);
+}
+
+int view_into_null(const DLPackExchangeAPI* api, void* obj) {
+  return api->dltensor_from_py_object_no_sync(obj, NULL);
+}

@@ -41,6 +41,9 @@ def load_consumer():
     lib.to_object.argtypes = [c_void_p, c_void_p, POINTER(c_void_p)]
     for f in (lib.take, lib.view, lib.stream_of, lib.allocate, lib.to_object):
         f.restype = c_int
+    lib.take_into_null.argtypes = [c_void_p, py_object]
+    lib.view_into_null.argtypes = [c_void_p, py_object]
+    lib.take_into_null.restype = lib.view_into_null.restype = c_int
     lib.take_release_ns.argtypes = [c_void_p, py_object, c_int]
     lib.take_release_ns.restype = c_double
     return lib
@@ -121,6 +124,18 @@ def test_refusals_are_those_of_dunder_dlpack(rt):
         take(r)
     with pytest.raises(TypeError, match="takes a dlasync.Tensor, not ndarray"):
         take(np.arange(3.0))
+    # A Tensor made without an import holds nothing to export.
+    empty = dlasync.Tensor.__new__(dlasync.Tensor)
+    with pytest.raises(TypeError, match="holds no tensor"):
+        take(empty)
+    with pytest.raises(TypeError, match="holds no tensor"):
+        rt.from_dlpack(empty)
+    # NULL outputs are refused, not written.
+    t = rt.from_dlpack(np.arange(3.0))
+    with pytest.raises(ValueError, match="out is NULL"):
+        C.take_into_null(API, t)
+    with pytest.raises(ValueError, match="out is NULL"):
+        C.view_into_null(API, t)
 
 
 def test_current_work_stream_is_null(rt):
@@ -144,6 +159,23 @@ def test_to_object_makes_a_tensor_that_owns_the_producers_tensor(rt, monkeypatch
     assert isinstance(t, dlasync.Tensor) and t.is_view and t.data_ptr == a.ctypes.data
     np.testing.assert_array_equal(np.from_dlpack(t), a)
     del t, cap
+    assert eventually(lambda: p.deletes == p.exports == 1)
+
+
+def test_to_object_makes_a_view_or_nothing(rt, monkeypatch):
+    # A float32 tensor one byte off its alignment needs a copy to be imported:
+    # to_object promises a Tensor of the caller's memory, so it refuses.
+    monkeypatch.setattr(dlasync, "_default", rt)
+    a = np.zeros(9, dtype=np.float32)
+    p = dp.CountingProducer(a[:8], data=a.ctypes.data + 1)
+    cap = p.__dlpack__(max_version=(1, 3))
+    managed = ctypes.pythonapi.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+    ctypes.pythonapi.PyCapsule_SetName(cap, b"used_dltensor_versioned")
+    out = c_void_p(12345)
+    with pytest.raises(ValueError, match="copy"):
+        C.to_object(API, managed, ctypes.byref(out))
+    assert out.value is None  # set to NULL on failure
+    del cap
     assert eventually(lambda: p.deletes == p.exports == 1)
 
 
@@ -194,6 +226,7 @@ def test_the_allocator_gives_compact_host_memory_that_becomes_a_tensor(rt, monke
 @pytest.mark.parametrize("device, shape, code, bits, kind, words", [
     ((1, 0), (2, -1), 2, 32, "ValueError", "shape[1] is -1"),
     ((1, 0), (1 << 40, 1 << 40), 2, 32, "ValueError", "overflows"),
+    ((1, 0), (0, 1 << 40, 1 << 40), 2, 32, "ValueError", "strides overflow"),
     ((1, 0), (4,), 2, 0, "ValueError", "bits 0"),
     ((2, 0), (4,), 2, 32, "BufferError", "simulated GPU"),
     ((1, 9), (4,), 2, 32, "ValueError", "cpu:9"),
@@ -203,7 +236,7 @@ def test_the_allocator_reports_what_it_refuses_through_set_error(rt, monkeypatch
                                                                   code, bits, kind, words):
     monkeypatch.setattr(dlasync, "_default", rt)
     rc, out, box = allocate(device, shape, code, bits)
-    assert rc == -1 and box.calls == 1
+    assert rc == -1 and box.calls == 1 and out.value is None
     assert box.kind.decode() == kind, box.message
     assert words in box.message.decode()
 
