@@ -22,8 +22,13 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
   bash scripts/install-deps.sh python3-venv python3-pip python3-pytest >&2
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -r "$requirements" >&2
+  if ! "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    -r "$requirements" >&2; then
+    rm -rf "$venv"
+    echo "python-peers: pip could not install $requirements (is PyPI reachable?);" \
+      "DLASYNC_PEERS=skip runs the tests with Debian's peers only" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 # The pins took: a peer Debian also has must come from the environment.
