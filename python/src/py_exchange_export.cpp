@@ -118,8 +118,10 @@ void delete_allocation(DLManagedTensorVersioned* self) {
   delete static_cast<allocation*>(self->manager_ctx);
 }
 
-// The prototype's byte size, or the reason it is refused (ValueError).
-absl::StatusOr<std::uint64_t> prototype_bytes(const DLTensor& p) {
+// Checks the prototype and writes its shape, then its compact strides, into
+// `dims` (2 * ndim entries); its byte size, or the reason it is refused
+// (ValueError).
+absl::StatusOr<std::uint64_t> compact_layout(const DLTensor& p, std::int64_t* dims) {
   if (p.ndim < 0 || p.ndim > max_ndim) {
     return absl::InvalidArgumentError(
         absl::StrCat("the prototype's ndim is ", p.ndim, "; dlasync allocates 0 to ", max_ndim));
@@ -143,11 +145,13 @@ absl::StatusOr<std::uint64_t> prototype_bytes(const DLTensor& p) {
     if (__builtin_mul_overflow(elements, static_cast<std::uint64_t>(p.shape[d]), &elements)) {
       return absl::InvalidArgumentError("the prototype's element count overflows 64 bits");
     }
+    dims[d] = p.shape[d];
   }
   // The compact strides, which a zero extent leaves unbounded by the count.
   std::int64_t stride = 1;
-  for (std::int32_t d = p.ndim - 1; d > 0; --d) {
-    if (__builtin_mul_overflow(stride, p.shape[d] > 0 ? p.shape[d] : 1, &stride)) {
+  for (std::int32_t d = p.ndim - 1; d >= 0; --d) {
+    dims[p.ndim + d] = stride;
+    if (d > 0 && __builtin_mul_overflow(stride, p.shape[d] > 0 ? p.shape[d] : 1, &stride)) {
       return absl::InvalidArgumentError(
           "the prototype's strides overflow 64 bits (its extents multiply past 2^63)");
     }
@@ -172,7 +176,8 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
       if (prototype == nullptr || out == nullptr) {
         throw py::value_error("managed_tensor_allocator was given a NULL prototype or out");
       }
-      absl::StatusOr<std::uint64_t> bytes = prototype_bytes(*prototype);
+      auto a = std::make_unique<allocation>();
+      absl::StatusOr<std::uint64_t> bytes = compact_layout(*prototype, a->dims);
       if (!bytes.ok()) throw py::value_error(std::string(bytes.status().message()));
       const device d{static_cast<device_kind>(prototype->device.device_type),
                      prototype->device.device_id};
@@ -184,7 +189,6 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
             " is a simulated GPU of dlasync's default runtime: its memory is host "
             "memory standing in for device memory, which the caller cannot use as a GPU's"));
       }
-      auto a = std::make_unique<allocation>();
       {
         py::gil_scoped_release unlocked;
         absl::StatusOr<device_buffer> buffer = rt.allocate(d, *bytes);
@@ -211,12 +215,6 @@ int allocate(DLTensor* prototype, DLManagedTensorVersioned** out, void* error_ct
       m.dl_tensor.ndim = prototype->ndim;
       m.dl_tensor.dtype = prototype->dtype;
       const std::int32_t n = prototype->ndim;
-      std::int64_t stride = 1;  // prototype_bytes checked that no stride overflows
-      for (std::int32_t i = n - 1; i >= 0; --i) {
-        a->dims[i] = prototype->shape[i];
-        a->dims[n + i] = stride;
-        stride *= prototype->shape[i] > 0 ? prototype->shape[i] : 1;
-      }
       m.dl_tensor.shape = n > 0 ? a->dims : nullptr;
       m.dl_tensor.strides = n > 0 ? a->dims + n : nullptr;
       *out = &a.release()->managed;

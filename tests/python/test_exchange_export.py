@@ -221,6 +221,13 @@ def test_the_allocator_gives_compact_host_memory_that_becomes_a_tensor(rt, monke
     rc, out, _ = allocate((1, 0), (0, 3))
     assert rc == 0
     C.release(out)
+    # Zero-size, with extents whose product passes 2^63 only with the first
+    # one, which no stride needs: accepted, strides exact.
+    rc, out, box = allocate((1, 0), (1 << 40, 0, 1 << 40))
+    assert rc == 0, box.message
+    m = dp.DLManagedTensorVersioned.from_address(out.value)
+    assert [m.dl_tensor.strides[i] for i in range(3)] == [1 << 40, 1 << 40, 1]
+    C.release(out)
 
 
 @pytest.mark.parametrize("device, shape, code, bits, kind, words", [
