@@ -375,8 +375,37 @@ void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator i
 void remote_core::drop_retired_locked() {
   if (retired_.empty()) return;
   // Producers' deleters run on the executor, never under the node's lock.
-  asio::post(executor_, [dropped = std::move(retired_)]() mutable { dropped.clear(); });
-  retired_.clear();
+  to_delete_->add(retired_);
+  asio::post(executor_, [to_delete = to_delete_] { to_delete->drop(); });
+}
+
+void retired_producers::add(std::vector<published_holder>& holders) {
+  std::lock_guard lock(mutex_);
+  for (published_holder& h : holders) queued_.push_back(std::move(h));
+  holders.clear();
+}
+
+void retired_producers::drop() {
+  std::unique_lock lock(mutex_);
+  while (!queued_.empty()) {
+    std::vector<published_holder> now = std::move(queued_);
+    queued_.clear();
+    ++dropping_;
+    lock.unlock();
+    now.clear();
+    lock.lock();
+    --dropping_;
+  }
+  idle_.notify_all();
+}
+
+void retired_producers::drop_all() {
+  for (;;) {
+    drop();
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [this] { return dropping_ == 0; });
+    if (queued_.empty()) return;
+  }
 }
 
 }  // namespace dlasync::detail

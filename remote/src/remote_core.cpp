@@ -302,6 +302,9 @@ void remote_core::shutdown() {
     dropped = std::move(retired_);
   }
   dropped.clear();  // producers' deleters, without the lock
+  // And those of publications that ended before: what the executor has not
+  // dropped yet is dropped here.
+  to_delete_->drop_all();
 }
 
 }  // namespace dlasync::detail

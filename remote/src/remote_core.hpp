@@ -15,6 +15,7 @@
 #include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -41,6 +42,26 @@ namespace dlasync::detail {
 // What keeps a published tensor alive: the consumed managed tensor, or a
 // reference to an imported tensor.
 using published_holder = std::variant<std::monostate, managed_tensor, tensor>;
+
+// Producers whose publications have ended, on their way to their deleters.
+// Jobs on the executor drop them; shutdown drops what is still queued itself
+// and waits for a drop under way, so that when it returns every producer's
+// deleter has run, whether or not the executor still runs jobs. Outlives the
+// node in the jobs that hold it.
+class retired_producers {
+ public:
+  void add(std::vector<published_holder>& holders);
+  // Destroys what is queued (the deleters run), outside the lock.
+  void drop();
+  // drop(), then waits until no other thread is dropping.
+  void drop_all();
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable idle_;
+  std::vector<published_holder> queued_;
+  int dropping_ = 0;
+};
 
 // An importer's connection to this node's listener.
 struct importer_connection {
@@ -181,7 +202,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // Unregisters and forgets a publication; its holder goes to `retired_`,
   // or it waits in `draining_` while reads of its memory are under way.
   void retire_locked(std::map<std::uint64_t, publication>::iterator it);
-  // Destroys retired holders (producer deleters) on the executor.
+  // Destroys retired holders (producer deleters) on the executor, through
+  // `to_delete_`.
   void drop_retired_locked();
 
   void close_endpoint_locked(exporter_endpoint& e);
@@ -198,6 +220,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // Ended publications whose memory sends still read.
   std::map<std::uint64_t, publication> draining_;
   std::vector<published_holder> retired_;
+  std::shared_ptr<retired_producers> to_delete_ = std::make_shared<retired_producers>();
   std::unordered_map<ucp_ep_h, std::unique_ptr<importer_connection>> importers_;
   // Gathers under way (local imports that read a publication's memory),
   // each with the signal that cancels it. Its own lock, taken after the

@@ -401,6 +401,37 @@ TEST_CASE("a lease serves its importers, then refuses, and ends on time", "[remo
     require_refused(import_now(nodes.in(), a->descriptor), absl::StatusCode::kUnavailable, "",
                     "exporter");
   }
+  SECTION("shutdown returns after the deleters of publications that ended before it") {
+    // Before: a publication whose last hold was released had its deleter
+    // posted to the executor, and shutdown did not wait for it.
+    auto memory = std::make_shared<testing::laid_out>(testing::lay_out("contiguous", {64}, 4, 1));
+    auto entered = std::make_shared<std::atomic<bool>>(false);
+    auto deleted = std::make_shared<std::atomic<int>>(0);
+    std::promise<void> go;
+    std::shared_future<void> may_end = go.get_future().share();
+    tensor_description d;
+    d.data = memory->data();
+    d.dtype = dtypes::float32;
+    d.shape = memory->shape;
+    d.strides = memory->strides;
+    managed_tensor t = make_managed_tensor(std::move(d), [memory, entered, deleted, may_end] {
+      entered->store(true);
+      may_end.wait();
+      deleted->fetch_add(1);
+    });
+    absl::StatusOr<remote_descriptor> r = nodes.out().publish(t);
+    REQUIRE(r.ok());
+    REQUIRE(import_now(nodes.in(), *r).ok());
+    // The release ended the publication: its deleter runs on the executor.
+    REQUIRE(testing::eventually([&] { return entered->load(); }));
+    std::thread opener([&go] {
+      std::this_thread::sleep_for(300ms);
+      go.set_value();
+    });
+    nodes.out().shutdown();
+    CHECK(deleted->load() == 1);
+    opener.join();
+  }
 }
 
 TEST_CASE("publish refuses what it cannot export, and the caller keeps the tensor",
