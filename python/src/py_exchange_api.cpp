@@ -145,11 +145,18 @@ const exchange_api* usable_table(py::handle type, const char* attr_name,
 const exchange_api* exchange_api_of(py::handle obj) {
   // type -> capsule of the table, None (no table), or (exception, message).
   static auto* by_type = new py::dict();
+  // The last type answered, from by_type (which keeps the type alive).
+  static PyObject* last_type = nullptr;
+  static const exchange_api* last_api = nullptr;
   py::handle type = py::type::handle_of(obj);
+  if (type.ptr() == last_type) return last_api;
   if (PyObject* known = PyDict_GetItemWithError(by_type->ptr(), type.ptr())) {
-    if (known == Py_None) return nullptr;
-    if (PyCapsule_CheckExact(known) != 0) {
-      return static_cast<const exchange_api*>(PyCapsule_GetPointer(known, nullptr));
+    if (known == Py_None || PyCapsule_CheckExact(known) != 0) {
+      last_type = type.ptr();
+      last_api = known == Py_None
+                     ? nullptr
+                     : static_cast<const exchange_api*>(PyCapsule_GetPointer(known, nullptr));
+      return last_api;
     }
     PyErr_SetObject(PyTuple_GET_ITEM(known, 0), PyTuple_GET_ITEM(known, 1));
     throw py::error_already_set();

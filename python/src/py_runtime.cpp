@@ -2,13 +2,16 @@
 
 #include <Python.h>
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dlasync/detail/import_initiation.hpp"
 #include "dlasync/import.hpp"
+#include "dlasync/limits.hpp"
 #include "py_args.hpp"
 #include "py_errors.hpp"
 #include "py_release.hpp"
@@ -41,13 +44,22 @@ std::optional<device> parse_kind(const std::string& name, int ordinal) {
 // costs more than such a copy. Larger ones let other Python threads run.
 constexpr std::uint64_t kHoldGilBytes = 1 << 20;
 
-// True when the import is a view that waits for nothing: then import_view
-// makes it on this thread, with no hop to another. Anything else (a copy,
-// a producer stream, a refusal) takes the asynchronous path, which decides
-// the same way.
-bool is_plain_view(const absl::StatusOr<import_plan>& plan, const import_options& options) {
-  if (options.copy.value_or(false) || options.stream) return false;
-  return plan.ok() && !plan->needs_copy() && !plan->needs_wait();
+// The bytes an import of `t` would copy, from its shape and dtype alone,
+// saturating; 0 for a tensor validation will refuse. Only for choosing
+// whether to keep the GIL: validation itself is the import's.
+std::uint64_t bytes_of(const managed_tensor& t) {
+  const DLTensor* d = t.dl_tensor();
+  if (d == nullptr || d->ndim < 0 || d->ndim > max_ndim || (d->ndim > 0 && d->shape == nullptr)) {
+    return 0;
+  }
+  std::uint64_t bytes = (static_cast<std::uint64_t>(d->dtype.bits) * d->dtype.lanes + 7) / 8;
+  for (std::int32_t i = 0; i < d->ndim; ++i) {
+    if (d->shape[i] < 0) return 0;
+    const auto extent = static_cast<std::uint64_t>(d->shape[i]);
+    if (extent != 0 && bytes > UINT64_MAX / extent) return UINT64_MAX;
+    bytes *= extent;
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -201,6 +213,8 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
                                    dev->second, ")"));
   }
   if (is_tensor(x) || PyCapsule_CheckExact(x.ptr()) != 0) return std::nullopt;
+  // NumPy takes no stream: it is not asked where its memory is.
+  if (is_numpy_array(x)) return std::nullopt;
   std::optional<std::pair<int, int>> dev = dlpack_device_of(x);
   if (!dev) return std::nullopt;
   const auto kind = static_cast<device_kind>(dev->first);
@@ -220,34 +234,30 @@ std::optional<std::int64_t> py_runtime::producer_stream(py::handle x, const impo
 
 py::object py_runtime::from_dlpack(const py::object& self, py::handle x, const import_args& a) {
   import_options options = options_of(a);
-  runtime& rt = get();
   taken_source taken = take(x, a, options);
-  const absl::StatusOr<import_plan> plan = plan_import(taken.source, options, rt.registry());
-  if (is_plain_view(plan, options)) {
-    // A view needs no other thread: made here, at once.
-    absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
-    taken.settle();
-    if (!view.ok()) raise_status(view.status());
-    return make_tensor(py_tensor{std::move(*view), self});
-  }
-  return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
+  return import_taken(self, taken, options);
 }
 
 py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
-                                    const import_options& options, std::uint64_t bytes) {
-  auto call = std::make_shared<import_call>();
+                                    const import_options& options) {
   runtime& rt = get();
-  // A copy of up to inline_copy_bytes runs here, inside the call: beyond a
-  // few microseconds' worth, other Python threads get the GIL meanwhile
-  // (the producer's deleter then runs on the releaser).
-  if (bytes > kHoldGilBytes) {
+  // Validated and planned once: a view, a refusal or a copy small enough to
+  // run inline is ready here; anything else is an operation to start.
+  detail::import_begun begun;
+  if (bytes_of(taken.source) > kHoldGilBytes) {
     py::gil_scoped_release unlocked;
-    async_import_dlpack(rt, taken.source, options, sync_handler(call));
+    begun = detail::begin_import(rt, taken.source, options);
   } else {
-    async_import_dlpack(rt, taken.source, options, sync_handler(call));
+    begun = detail::begin_import(rt, taken.source, options);
   }
   taken.settle();
-  absl::StatusOr<tensor> t = call->wait_one();
+  if (begun.ready) return tensor_or_raise(self, std::move(*begun.ready));
+  auto call = std::make_shared<import_call>();
+  detail::launch<detail::import_result>(sync_handler(call), rt, begun.op);
+  return tensor_or_raise(self, call->wait_one());
+}
+
+py::object py_runtime::tensor_or_raise(const py::object& self, absl::StatusOr<tensor> t) {
   if (!t.ok()) raise_status(t.status());
   return make_tensor(py_tensor{std::move(*t), self});
 }
@@ -257,8 +267,7 @@ py::object py_runtime::import_managed(const py::object& self, managed_tensor sou
   taken_source taken;
   taken.source = std::move(source);
   taken.capsule = py::none();
-  const absl::StatusOr<import_plan> plan = plan_import(taken.source, options, get().registry());
-  return import_taken(self, taken, options, plan.ok() ? plan->byte_size : 0);
+  return import_taken(self, taken, options);
 }
 
 py::object py_runtime::start_import(const py::object& self, py::handle x, const import_args& a,
@@ -266,13 +275,11 @@ py::object py_runtime::start_import(const py::object& self, py::handle x, const 
   import_options options = options_of(a);
   runtime& rt = get();
   taken_source taken = take(x, a, options);
-  if (is_plain_view(plan_import(taken.source, options, rt.registry()), options)) {
-    // A view is made at once: no future, and the coroutine never suspends.
-    absl::StatusOr<tensor> view = import_view(rt, taken.source, options);
-    taken.settle();
-    if (!view.ok()) raise_status(view.status());
-    return make_tensor(py_tensor{std::move(*view), self});
-  }
+  // A view, a refusal or an inline copy is ready at once: no future, and
+  // the coroutine never suspends.
+  detail::import_begun begun = detail::begin_import(rt, taken.source, options);
+  taken.settle();
+  if (begun.ready) return tensor_or_raise(self, std::move(*begun.ready));
   // The loop's bridge and a future, made only for an import that waits.
   static auto* bridge_of = new py::object(py::module_::import("dlasync").attr("_bridge"));
   auto bridge = (*bridge_of)(loop).cast<std::shared_ptr<loop_bridge>>();
@@ -281,8 +288,7 @@ py::object py_runtime::start_import(const py::object& self, py::handle x, const 
   call->future = py_ref(future.ptr());
   call->owner = py_ref(self.ptr());
   call->bridge = std::move(bridge);
-  async_import_dlpack(rt, taken.source, options, call_handler<absl::StatusOr<tensor>>(call, 1));
-  taken.settle();
+  detail::launch<detail::import_result>(call_handler<detail::import_result>(call, 1), rt, begun.op);
   return py::make_tuple(py::cast(call), future);
 }
 

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 
+#include "absl/status/statusor.h"
 #include "dlasync/gpu_stream.hpp"
 #include "dlasync/import_options.hpp"
 #include "dlasync/runtime.hpp"
@@ -75,10 +76,11 @@ class py_runtime {
   static void at_exit();
 
  private:
-  // The synchronous import of a taken source of `bytes` (its plan's size,
-  // 0 when refused).
+  // The synchronous import of a taken source: planned once, by begin_import.
   pybind11::object import_taken(const pybind11::object& self, taken_source& taken,
-                                const import_options& options, std::uint64_t bytes);
+                                const import_options& options);
+  // A Tensor of this runtime, or the status raised as Python's exception.
+  static pybind11::object tensor_or_raise(const pybind11::object& self, absl::StatusOr<tensor> t);
   import_options options_of(const import_args& a) const;
   // Takes `x`'s tensor (through its type's exchange API when it has one and
   // the caller named no stream) and sets options.stream to what it follows;

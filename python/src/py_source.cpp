@@ -125,6 +125,7 @@ taken_source from_capsule(py::object capsule, batch_members* batch) {
 struct call_names {
   PyObject* dlpack = PyUnicode_InternFromString("__dlpack__");
   PyObject* dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+  PyObject* numpy = PyUnicode_InternFromString("numpy");
   PyObject* max_version = Py_BuildValue("(II)", dlpack_major_version, dlpack_minor_version);
   PyObject* kw_max_version = Py_BuildValue("(s)", "max_version");
   PyObject* kw_stream = Py_BuildValue("(s)", "stream");
@@ -134,6 +135,31 @@ struct call_names {
 const call_names& names() {
   static const auto* n = new call_names();
   return *n;
+}
+
+// Whether `obj` has a `__dlpack__` to call (not missing, not None): asked
+// only after a call failed, to tell the two apart. The call's exception is
+// kept when it has one.
+bool has_dlpack(py::handle obj) {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyObject* method = PyObject_GetAttr(obj.ptr(), names().dlpack);
+  const bool has = method != nullptr && method != Py_None;
+  Py_XDECREF(method);
+  PyErr_Clear();
+  PyErr_Restore(type, value, traceback);
+  return has;
+}
+
+[[noreturn]] void refuse_no_dlpack(py::handle obj) {
+  PyErr_Clear();
+  throw py::attribute_error(
+      absl::StrCat("dlasync imports objects that implement the DLPack protocol (__dlpack__ and "
+                   "__dlpack_device__) or DLPack capsules; a ",
+                   std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
+                   " has no __dlpack__: convert it with numpy.asarray or torch.as_tensor first"));
 }
 
 bool is_keyword_refusal(const py::error_already_set& e) {
@@ -221,6 +247,30 @@ void taken_source::settle() {
   if (PyCapsule_SetName(capsule.ptr(), capsule_name) != 0) PyErr_Clear();
 }
 
+bool is_numpy_array(py::handle obj) noexcept {
+  // The type is learnt from the first array seen, by name, and confirmed
+  // against the numpy module's own: a type merely named so is not taken.
+  static PyTypeObject* ndarray = nullptr;
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  if (type == ndarray) return true;
+  if (ndarray != nullptr || std::strcmp(type->tp_name, "numpy.ndarray") != 0) return false;
+  PyObject* numpy = PyImport_GetModule(names().numpy);  // new reference, or NULL
+  if (numpy == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  PyObject* real = PyObject_GetAttrString(numpy, "ndarray");
+  Py_DECREF(numpy);
+  if (real == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  // The module keeps its type alive as long as the interpreter runs.
+  if (real == reinterpret_cast<PyObject*>(type)) ndarray = type;
+  Py_DECREF(real);
+  return ndarray == type;
+}
+
 std::optional<std::pair<int, int>> dlpack_device_of(py::handle obj) {
   PyObject* method = PyObject_GetAttr(obj.ptr(), names().dlpack_device);
   if (method == nullptr) {
@@ -267,25 +317,13 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
   if (PyCapsule_CheckExact(obj.ptr()) != 0) {
     return from_capsule(py::reinterpret_borrow<py::object>(obj), batch);
   }
-  auto dlpack = py::reinterpret_steal<py::object>(PyObject_GetAttr(obj.ptr(), names().dlpack));
-  if (!dlpack) {
-    if (PyErr_ExceptionMatches(PyExc_AttributeError) == 0) throw py::error_already_set();
-    PyErr_Clear();
-    dlpack = py::none();
-  }
-  if (dlpack.is_none()) {
-    throw py::attribute_error(
-        absl::StrCat("dlasync imports objects that implement the DLPack protocol (__dlpack__ and "
-                     "__dlpack_device__) or DLPack capsules; a ",
-                     std::string(py::str(py::type::handle_of(obj).attr("__name__"))),
-                     " has no __dlpack__: convert it with numpy.asarray or torch.as_tensor first"));
-  }
-  // Called with vectorcall and constant keyword names: no dict a call.
+  // Called as a method with vectorcall and constant keyword names: no bound
+  // method and no dict a call.
   py::object stream_value;
   if (stream) stream_value = py::int_(*stream);
   const auto call = [&](bool versioned) {
-    PyObject* args[3] = {nullptr};
-    std::size_t n = 1;
+    PyObject* args[4] = {nullptr, obj.ptr(), nullptr, nullptr};
+    std::size_t n = 2;
     PyObject* kwnames = nullptr;
     if (stream) args[n++] = stream_value.ptr();
     if (versioned) args[n++] = names().max_version;
@@ -296,9 +334,12 @@ taken_source take_source(py::handle obj, std::optional<std::int64_t> stream, bat
     } else if (versioned) {
       kwnames = names().kw_max_version;
     }
-    PyObject* out =
-        PyObject_Vectorcall(dlpack.ptr(), args + 1, PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
-    if (out == nullptr) throw py::error_already_set();
+    PyObject* out = PyObject_VectorcallMethod(names().dlpack, args + 1,
+                                              1 | PY_VECTORCALL_ARGUMENTS_OFFSET, kwnames);
+    if (out == nullptr) {
+      if (!has_dlpack(obj)) refuse_no_dlpack(obj);
+      throw py::error_already_set();
+    }
     return py::reinterpret_steal<py::object>(out);
   };
   py::object capsule;

@@ -53,6 +53,11 @@ struct taken_source {
   void settle();
 };
 
+// Whether `obj` is exactly a NumPy ndarray (not a subclass). NumPy's
+// `__dlpack__` takes no stream but None, and its arrays are host memory (or
+// a host-readable producer's, whose stream NumPy does not know either).
+bool is_numpy_array(pybind11::handle obj) noexcept;
+
 // The DLPack device of `obj` from `__dlpack_device__()`, or nullopt when it
 // has none (a capsule, or an object that only has `__dlpack__`).
 std::optional<std::pair<int, int>> dlpack_device_of(pybind11::handle obj);

@@ -2,6 +2,7 @@
 
 #include <Python.h>
 
+#include <new>
 #include <string>
 #include <utility>
 
@@ -86,8 +87,30 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
   return export_capsule(t, versioned);
 }
 
+// The Tensor type is written against CPython directly, not as a pybind11
+// class: making and freeing one is on every import's path, and pybind11's
+// instance registry, holder and type lookups cost more than the rest of a
+// view's import. Its methods are pybind11 functions that take `self` as a
+// handle and check it (tensor_of).
+struct tensor_instance {
+  PyObject_HEAD bool engaged;  // false for Tensor.__new__(Tensor): holds no tensor
+  alignas(py_tensor) unsigned char storage[sizeof(py_tensor)];
+
+  py_tensor* get() noexcept { return std::launder(reinterpret_cast<py_tensor*>(storage)); }
+};
+
 PyTypeObject* tensor_type = nullptr;
-const py::detail::type_info* tensor_info = nullptr;
+
+void tensor_dealloc(PyObject* self) {
+  auto* o = reinterpret_cast<tensor_instance*>(self);
+  PyTypeObject* type = Py_TYPE(self);
+  if (o->engaged) {
+    o->engaged = false;
+    o->get()->~py_tensor();  // the view's producer or the copy's buffer goes here
+  }
+  type->tp_free(self);
+  Py_DECREF(type);
+}
 
 }  // namespace
 
@@ -96,23 +119,27 @@ bool is_tensor(py::handle obj) noexcept {
 }
 
 const py_tensor& tensor_of(py::handle obj) {
-  auto* inst = reinterpret_cast<py::detail::instance*>(obj.ptr());
-  const auto* t = inst->get_value_and_holder(tensor_info).value_ptr<py_tensor>();
-  if (t == nullptr) {
+  if (!is_tensor(obj)) {
+    throw py::type_error(
+        absl::StrCat("expected a dlasync.Tensor, not ",
+                     std::string(py::str(py::type::handle_of(obj).attr("__name__")))));
+  }
+  auto* o = reinterpret_cast<tensor_instance*>(obj.ptr());
+  if (!o->engaged) {
     // Tensor.__new__ without dlasync behind it: there is no tensor to read.
     throw py::type_error(
         "this dlasync.Tensor holds no tensor (made with Tensor.__new__, not by an import)");
   }
-  return *t;
+  return *o->get();
 }
 
 py::object make_tensor(py_tensor&& t) {
-  return py::reinterpret_steal<py::object>(py::detail::type_caster_generic::cast(
-      &t, py::return_value_policy::move, py::handle(), tensor_info, nullptr,
-      [](const void* p) -> void* {
-        // pybind11 moves from the object it was handed, as py::cast does.
-        return new py_tensor(std::move(*const_cast<py_tensor*>(static_cast<const py_tensor*>(p))));
-      }));
+  PyObject* self = tensor_type->tp_alloc(tensor_type, 0);
+  if (self == nullptr) throw py::error_already_set();
+  auto* o = reinterpret_cast<tensor_instance*>(self);
+  new (o->storage) py_tensor(std::move(t));
+  o->engaged = true;
+  return py::reinterpret_steal<py::object>(self);
 }
 
 void check_exportable(const py_tensor& self) {
@@ -182,51 +209,84 @@ compares equal to the same device given as a string or a tuple.)")
       });
 }
 
-void bind_tensor(py::module_& m) {
-  py::class_<py_tensor>(m, "Tensor", R"(A tensor imported by dlasync.
+namespace {
+
+// A read-only property of Tensor: `get` reads the tensor of a checked self.
+template <class Get>
+void add_property(py::handle type, const char* name, Get get, const char* doc = nullptr) {
+  static const py::object property = py::module_::import("builtins").attr("property");
+  py::cpp_function getter([get](py::handle self) { return get(tensor_of(self)); });
+  py::setattr(type, name,
+              property(getter, py::none(), py::none(),
+                       doc != nullptr ? py::object(py::str(doc)) : py::object(py::none())));
+}
+
+constexpr const char* kTensorDoc = R"(A tensor imported by dlasync.
 
 A view shares the producer's memory and keeps the producer's tensor until
 the last reference (this object, or a tensor exported from it) goes; a copy
 owns its memory. Implements the DLPack protocol (__dlpack__,
-__dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)")
-      .def_property_readonly("shape", [](const py_tensor& t) { return as_tuple(t.value.shape()); })
-      .def_property_readonly(
-          "strides", [](const py_tensor& t) { return as_tuple(t.value.strides()); },
-          "Strides in elements, as DLPack counts them (NumPy counts bytes).")
-      .def_property_readonly("ndim", [](const py_tensor& t) { return t.value.ndim(); })
-      .def_property_readonly("size", [](const py_tensor& t) { return t.value.element_count(); })
-      .def_property_readonly("nbytes", [](const py_tensor& t) { return t.value.byte_size(); })
-      .def_property_readonly(
-          "dtype", [](const py_tensor& t) { return t.value.dtype().name(); },
-          "NumPy's name where NumPy has the type (\"float32\", \"bool\"), else DLPack's "
-          "(\"bfloat16\", \"float8_e4m3fn\").")
-      .def_property_readonly("device",
-                             [](const py_tensor& t) { return py_device{t.value.device()}; })
-      .def_property_readonly("is_view", [](const py_tensor& t) { return t.value.is_view(); })
-      .def_property_readonly("is_copy", [](const py_tensor& t) { return t.value.is_copy(); })
-      .def_property_readonly("read_only", [](const py_tensor& t) { return t.value.read_only(); })
-      .def_property_readonly("is_contiguous",
-                             [](const py_tensor& t) { return t.value.is_compact(); })
-      .def_property_readonly(
-          "data_ptr",
-          [](const py_tensor& t) { return reinterpret_cast<std::uintptr_t>(t.value.data()); },
-          "The first element's address.")
-      .def_property_readonly(
-          "stream", [](const py_tensor& t) { return t.value.stream(); },
-          "The stream a GPU copy is freed on (DLPack encoding), -1 for views and host copies.")
-      .def("__dlpack__", &dlpack, py::kw_only(), py::arg("stream") = py::none(),
-           py::arg("max_version") = py::none(), py::arg("dl_device") = py::none(),
-           py::arg("copy") = py::none())
-      .def("__dlpack_device__",
-           [](const py_tensor& t) {
-             return py::make_tuple(static_cast<int>(t.value.device().kind),
-                                   t.value.device().ordinal);
-           })
-      .def("__repr__", &repr);
-  tensor_type = reinterpret_cast<PyTypeObject*>(py::type::of<py_tensor>().ptr());
-  tensor_info = py::detail::get_type_info(typeid(py_tensor));
+__dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)";
+
+}  // namespace
+
+void bind_tensor(py::module_& m) {
+  static PyType_Slot slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(&tensor_dealloc)},
+      {Py_tp_new, reinterpret_cast<void*>(&PyType_GenericNew)},
+      {Py_tp_doc, const_cast<char*>(kTensorDoc)},
+      {0, nullptr},
+  };
+  static PyType_Spec spec = {"dlasync._core.Tensor", sizeof(tensor_instance), 0, Py_TPFLAGS_DEFAULT,
+                             slots};
+  auto type = py::reinterpret_steal<py::object>(PyType_FromSpec(&spec));
+  if (!type) throw py::error_already_set();
+  tensor_type = reinterpret_cast<PyTypeObject*>(type.ptr());
+  add_property(type, "shape", [](const py_tensor& t) { return as_tuple(t.value.shape()); });
+  add_property(
+      type, "strides", [](const py_tensor& t) { return as_tuple(t.value.strides()); },
+      "Strides in elements, as DLPack counts them (NumPy counts bytes).");
+  add_property(type, "ndim", [](const py_tensor& t) { return t.value.ndim(); });
+  add_property(type, "size", [](const py_tensor& t) { return t.value.element_count(); });
+  add_property(type, "nbytes", [](const py_tensor& t) { return t.value.byte_size(); });
+  add_property(
+      type, "dtype", [](const py_tensor& t) { return t.value.dtype().name(); },
+      "NumPy's name where NumPy has the type (\"float32\", \"bool\"), else DLPack's "
+      "(\"bfloat16\", \"float8_e4m3fn\").");
+  add_property(type, "device", [](const py_tensor& t) { return py_device{t.value.device()}; });
+  add_property(type, "is_view", [](const py_tensor& t) { return t.value.is_view(); });
+  add_property(type, "is_copy", [](const py_tensor& t) { return t.value.is_copy(); });
+  add_property(type, "read_only", [](const py_tensor& t) { return t.value.read_only(); });
+  add_property(type, "is_contiguous", [](const py_tensor& t) { return t.value.is_compact(); });
+  add_property(
+      type, "data_ptr",
+      [](const py_tensor& t) { return reinterpret_cast<std::uintptr_t>(t.value.data()); },
+      "The first element's address.");
+  add_property(
+      type, "stream", [](const py_tensor& t) { return t.value.stream(); },
+      "The stream a GPU copy is freed on (DLPack encoding), -1 for views and host copies.");
+  py::setattr(type, "__dlpack__",
+              py::cpp_function(
+                  [](py::handle self, const py::object& stream, const py::object& max_version,
+                     const py::object& dl_device, const py::object& copy) {
+                    return dlpack(tensor_of(self), stream, max_version, dl_device, copy);
+                  },
+                  py::name("__dlpack__"), py::is_method(type), py::kw_only(),
+                  py::arg("stream") = py::none(), py::arg("max_version") = py::none(),
+                  py::arg("dl_device") = py::none(), py::arg("copy") = py::none()));
+  py::setattr(type, "__dlpack_device__",
+              py::cpp_function(
+                  [](py::handle self) {
+                    const device d = tensor_of(self).value.device();
+                    return py::make_tuple(static_cast<int>(d.kind), d.ordinal);
+                  },
+                  py::name("__dlpack_device__"), py::is_method(type)));
+  py::setattr(type, "__repr__",
+              py::cpp_function([](py::handle self) { return repr(tensor_of(self)); },
+                               py::name("__repr__"), py::is_method(type)));
   // DLPack 1.3's C exchange API, on the type, where consumers look.
-  py::type::of<py_tensor>().attr(kExchangeApiAttr) = exchange_api_capsule();
+  py::setattr(type, kExchangeApiAttr, exchange_api_capsule());
+  m.attr("Tensor") = type;
 }
 
 }  // namespace dlasync::python

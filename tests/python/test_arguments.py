@@ -143,3 +143,26 @@ def test_from_dlpack_on_a_runtime_that_was_never_initialized():
     r = dlasync.Runtime.__new__(dlasync.Runtime)
     with pytest.raises(TypeError, match="not initialized"):
         r.from_dlpack(np.arange(2.0))
+
+
+def test_tensor_methods_called_on_another_object_are_type_errors(rt):
+    # Tensor's methods and properties read the object they are given as a
+    # Tensor only after checking that it is one.
+    a = np.arange(3.0)
+    t = rt.from_dlpack(a)
+    for name in ["shape", "strides", "dtype", "device", "nbytes", "data_ptr", "is_view"]:
+        getter = getattr(dlasync.Tensor, name).fget
+        assert getter(t) == getattr(t, name)
+        with pytest.raises(TypeError, match="expected a dlasync.Tensor, not ndarray"):
+            getter(a)
+    for name in ["__dlpack__", "__dlpack_device__", "__repr__"]:
+        with pytest.raises(TypeError, match="expected a dlasync.Tensor, not ndarray"):
+            getattr(dlasync.Tensor, name)(a)
+    empty = dlasync.Tensor.__new__(dlasync.Tensor)
+    with pytest.raises(TypeError, match="holds no tensor"):
+        empty.shape
+    with pytest.raises(TypeError, match="holds no tensor"):
+        repr(empty)
+    del empty
+    gc.collect()
+    assert t.shape == (3,) and t.data_ptr == a.ctypes.data

@@ -89,7 +89,10 @@ def test_a_result_resolved_before_its_cancellation_is_released_at_once():
     # it would wait for good.
     size = 4096
     producers = [CountingProducer(np.full(size, i % 251, dtype=np.uint8)) for i in range(200)]
-    with dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=size) as rt:
+    # No inline copies: a copy made inside the call is returned at once, and
+    # never reaches a future.
+    with dlasync.Runtime(cuda="off", host_devices=2, copy_memory_budget=size,
+                         inline_copy_bytes=0) as rt:
         async def one(p):
             t = await rt.import_dlpack(p, device="cpu:1")
             return int(np.from_dlpack(t)[0])
@@ -236,3 +239,30 @@ def test_interpreter_exit_with_views_alive():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("inline_copy_bytes", [None, 0])
+def test_an_import_that_completes_in_the_call_never_suspends(inline_copy_bytes):
+    # A view, and a copy small enough to run inline, are made inside the
+    # call: the coroutine returns without a future or a trip through the
+    # loop. With inline copies off, the copy's result comes through one.
+    with dlasync.Runtime(cuda="off", host_devices=2, inline_copy_bytes=inline_copy_bytes) as rt:
+        async def main():
+            loop = asyncio.get_running_loop()
+            view = CountingProducer(np.arange(16.0))
+            copy = CountingProducer(np.arange(16.0))
+            got_view = rt._start_import(view, loop)
+            got_copy = rt._start_import(copy, loop, device="cpu:1")
+            assert isinstance(got_view, dlasync.Tensor) and got_view.is_view
+            if inline_copy_bytes is None:
+                assert isinstance(got_copy, dlasync.Tensor) and got_copy.is_copy
+                assert copy.deletes == 1  # the copy no longer reads it
+            else:
+                call, future = got_copy
+                got_copy = await future
+            assert np.from_dlpack(got_copy).tolist() == list(range(16))
+            assert view.deletes == 0
+            del got_view
+            assert eventually(lambda: view.deletes == 1 and copy.deletes == 1)
+
+        asyncio.run(main())
