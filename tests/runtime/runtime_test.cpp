@@ -145,6 +145,32 @@ TEST_CASE("freed large host buffers are reused within their size class, unless c
   CHECK(plain.cached_bytes() == 0);  // given back to the system at once
 }
 
+TEST_CASE("freed small host buffers are reused too", "[runtime][backend]") {
+  // A small copy's buffer (4 KiB up) comes from the cache as a large one
+  // does: aligned_alloc and free cost more than the copy at that size.
+  std::unique_ptr<runtime> rt = testing::make_runtime();
+  detail::host_backend& host = detail::core_of(*rt).host();
+  for (const auto& [bytes, then] : {std::pair<std::uint64_t, std::uint64_t>{4096, 4096},
+                                    std::pair<std::uint64_t, std::uint64_t>{6000, 5800}}) {
+    const std::uint64_t before = host.cached_bytes();
+    void* first = nullptr;
+    {
+      absl::StatusOr<device_buffer> b = host.allocate(host_device, bytes, 64, {host_device, 0});
+      REQUIRE(b.ok());
+      first = b->data();
+    }
+    CHECK(host.cached_bytes() >= before + bytes);
+    absl::StatusOr<device_buffer> again = host.allocate(host_device, then, 64, {host_device, 0});
+    REQUIRE(again.ok());
+    CHECK(again->data() == first);  // the same size class
+    CHECK(host.cached_bytes() == before);
+  }
+  // Below a page, blocks are not cached: a tiny tensor holds no page.
+  const std::uint64_t before = host.cached_bytes();
+  { absl::StatusOr<device_buffer> tiny = host.allocate(host_device, 100, 64, {host_device, 0}); }
+  CHECK(host.cached_bytes() == before);
+}
+
 TEST_CASE("host allocations are aligned and refuse the impossible", "[runtime][backend]") {
   std::unique_ptr<runtime> rt = testing::make_runtime();
   detail::host_backend& host = detail::core_of(*rt).host();

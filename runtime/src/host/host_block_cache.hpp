@@ -21,8 +21,8 @@ namespace dlasync::detail {
 
 class host_block_cache {
  public:
-  // Blocks below `min_bytes` come straight from malloc (it reuses them well);
-  // at most `cap_bytes` of free blocks are kept.
+  // Blocks below `min_bytes` come straight from aligned_alloc and go back
+  // to free; at most `cap_bytes` of free blocks are kept.
   host_block_cache(std::uint64_t min_bytes, std::uint64_t cap_bytes)
       : min_bytes_(min_bytes), cap_bytes_(cap_bytes) {}
   ~host_block_cache();
