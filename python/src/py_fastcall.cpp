@@ -36,6 +36,14 @@ bool same(PyObject* name, PyObject* interned) {
 py_runtime& runtime_of(PyObject* self) {
   // The method descriptor has checked that self is a Runtime.
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
+  if (inst->simple_layout) {
+    // One pybind11 base (dlasync.Runtime is a Python subclass of it): the
+    // value is in place, with no search through the type's bases.
+    if (!inst->simple_holder_constructed || inst->simple_value_holder[0] == nullptr) {
+      throw py::type_error("this dlasync.Runtime was not initialized: its __init__ did not run");
+    }
+    return *static_cast<py_runtime*>(inst->simple_value_holder[0]);
+  }
   auto* rt = inst->get_value_and_holder(runtime_info).value_ptr<py_runtime>();
   if (rt == nullptr) {
     throw py::type_error("this dlasync.Runtime was not initialized: its __init__ did not run");

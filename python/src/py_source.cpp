@@ -127,9 +127,12 @@ struct call_names {
   PyObject* dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
   PyObject* numpy = PyUnicode_InternFromString("numpy");
   PyObject* max_version = Py_BuildValue("(II)", dlpack_major_version, dlpack_minor_version);
-  PyObject* kw_max_version = Py_BuildValue("(s)", "max_version");
-  PyObject* kw_stream = Py_BuildValue("(s)", "stream");
-  PyObject* kw_stream_max_version = Py_BuildValue("(ss)", "stream", "max_version");
+  // Keyword names interned, as the producer's own are: argument parsers
+  // (NumPy's, CPython's) match them by identity before comparing text.
+  PyObject* kw_max_version = Py_BuildValue("(N)", PyUnicode_InternFromString("max_version"));
+  PyObject* kw_stream = Py_BuildValue("(N)", PyUnicode_InternFromString("stream"));
+  PyObject* kw_stream_max_version = Py_BuildValue("(NN)", PyUnicode_InternFromString("stream"),
+                                                  PyUnicode_InternFromString("max_version"));
 };
 
 const call_names& names() {
