@@ -3,8 +3,10 @@
 1. Per-call cost of a zero-copy import of the same 1 KiB array:
    rt.from_dlpack, `await rt.import_dlpack` (per import: 100 awaited in
    turn by one task, and 100 gathered tasks), np.from_dlpack and
-   torch.from_dlpack; then, from C, the cost per tensor of dlasync's C
-   exchange table beside PyTorch's (when PyTorch has one).
+   torch.from_dlpack, and rt.from_dlpack of a producer written in C through
+   its exchange table (tests/python/exchange_producer.c, when built); then,
+   from C, the cost per tensor of dlasync's C exchange table beside
+   PyTorch's (when PyTorch has one).
 2. Strided copies of the same arrays, 4 KiB to --max-bytes: a transpose and
    every other row, as rt.from_dlpack(x, require_contiguous=True) against
    np.ascontiguousarray(x) and torch's x.contiguous() (PyTorch with the same
@@ -97,6 +99,24 @@ def exchange_consumer():
     return lib
 
 
+def exchange_producer():
+    """The C producer of the exchange API the tests build
+    (tests/python/exchange_producer.c), from $DLASYNC_EXCHANGE_PRODUCER or
+    the build tree; None when it is not built."""
+    import importlib.util
+    import sysconfig
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("DLASYNC_EXCHANGE_PRODUCER") or os.path.join(
+        here, "..", "..", "build", "python", "tests",
+        "exchange_producer" + sysconfig.get_config_var("EXT_SUFFIX"))
+    if not os.path.exists(path):
+        return None
+    spec = importlib.util.spec_from_file_location("exchange_producer", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def table_of(obj):
     import ctypes
     get = ctypes.pythonapi.PyCapsule_GetPointer
@@ -129,6 +149,13 @@ def overhead_table(rt, reps):
     }
     if torch:
         cands["torch.from_dlpack"] = lambda: torch.from_dlpack(x)
+    producer = exchange_producer()
+    if producer is not None:
+        # The same 1 KiB (128 float64) from a producer written in C, taken
+        # through its exchange table: no Python call to the producer.
+        buffer = producer.Buffer(128)
+        cands["rt.from_dlpack of a C producer, through its table"] = (
+            lambda: rt.from_dlpack(buffer))
     times = interleaved(cands, reps, 2000)
     for n in ("await rt.import_dlpack (one task, in turn)",
               "await rt.import_dlpack (100 gathered tasks)"):
