@@ -147,9 +147,10 @@ struct runtime_options {
   // 0 turns lingering off. Workers on a `worker_executor` never linger:
   // its threads run the caller's work too.
   std::chrono::microseconds copy_helper_linger{200};
-  // Freed host copy buffers of 256 KiB or more are kept for reuse, up to
+  // Freed host copy buffers of 4 KiB or more are kept for reuse, up to
   // this many bytes, so that imports do not page-fault through fresh
-  // memory. 0 keeps none. Every value is valid.
+  // memory, nor pay aligned_alloc and free for small copies. 0 keeps none.
+  // Every value is valid.
   std::uint64_t host_cache_bytes = std::uint64_t{1} << 30;
 
   // CUDA: "off", "auto" (real GPUs when present), "real", "sim" or "sim:N"
