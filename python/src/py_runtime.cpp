@@ -62,6 +62,19 @@ std::uint64_t bytes_of(const managed_tensor& t) {
   return bytes;
 }
 
+// Whether the import may run a copy inline that is long enough to give the
+// GIL up for (a copy of more than kHoldGilBytes, up to inline_copy_bytes).
+// Views and larger copies keep it: a view is made at once, and a larger copy
+// runs on the workers while the caller waits with the GIL released. Planned
+// here only for such sizes, where a plan costs nothing beside the copy.
+bool may_copy_inline_long(runtime& rt, const managed_tensor& source,
+                          const import_options& options) {
+  const std::uint64_t bytes = bytes_of(source);
+  if (bytes <= kHoldGilBytes || bytes > rt.options().inline_copy_bytes) return false;
+  const absl::StatusOr<import_plan> plan = plan_import(source, options, rt.registry());
+  return plan.ok() && plan->needs_copy();
+}
+
 }  // namespace
 
 device parse_device(py::handle d) {
@@ -244,7 +257,7 @@ py::object py_runtime::import_taken(const py::object& self, taken_source& taken,
   // Validated and planned once: a view, a refusal or a copy small enough to
   // run inline is ready here; anything else is an operation to start.
   detail::import_begun begun;
-  if (bytes_of(taken.source) > kHoldGilBytes) {
+  if (may_copy_inline_long(rt, taken.source, options)) {
     py::gil_scoped_release unlocked;
     begun = detail::begin_import(rt, taken.source, options);
   } else {
@@ -275,21 +288,49 @@ py::object py_runtime::start_import(const py::object& self, py::handle x, const 
   import_options options = options_of(a);
   runtime& rt = get();
   taken_source taken = take(x, a, options);
+  // The loop's bridge before anything is consumed: making it can fail (the
+  // loop's add_reader, an eventfd), and then `x` must be as it was.
+  std::shared_ptr<loop_bridge> bridge = bridge_of(loop);
   // A view, a refusal or an inline copy is ready at once: no future, and
   // the coroutine never suspends.
   detail::import_begun begun = detail::begin_import(rt, taken.source, options);
   taken.settle();
   if (begun.ready) return tensor_or_raise(self, std::move(*begun.ready));
-  // The loop's bridge and a future, made only for an import that waits.
-  static auto* bridge_of = new py::object(py::module_::import("dlasync").attr("_bridge"));
-  auto bridge = (*bridge_of)(loop).cast<std::shared_ptr<loop_bridge>>();
-  py::object future = loop.attr("create_future")();
   auto call = std::make_shared<import_call>();
+  py::object future;
+  try {
+    future = loop.attr("create_future")();
+  } catch (...) {
+    // Out of memory, or a loop without futures: the import has taken the
+    // tensor, so it runs, and its result is released where it ends.
+    detail::launch<detail::import_result>(sync_handler(call), rt, begun.op);
+    throw;
+  }
   call->future = py_ref(future.ptr());
   call->owner = py_ref(self.ptr());
   call->bridge = std::move(bridge);
   detail::launch<detail::import_result>(call_handler<detail::import_result>(call, 1), rt, begun.op);
   return py::make_tuple(py::cast(call), future);
+}
+
+std::shared_ptr<loop_bridge> py_runtime::bridge_of(py::handle loop) {
+  // The last loop's bridge, remembered with a weak reference to the loop (a
+  // new loop may reuse a dead one's address); else dlasync._bridge(loop).
+  // The GIL guards both.
+  static PyObject* last_loop = nullptr;  // a weakref
+  static auto* last_bridge = new std::shared_ptr<loop_bridge>();
+  if (last_loop != nullptr && PyWeakref_GetObject(last_loop) == loop.ptr()) return *last_bridge;
+  static auto* make = new py::object(py::module_::import("dlasync").attr("_bridge"));
+  auto bridge = (*make)(loop).cast<std::shared_ptr<loop_bridge>>();
+  PyObject* ref = PyWeakref_NewRef(loop.ptr(), nullptr);
+  if (ref == nullptr) {
+    PyErr_Clear();  // a loop without weak references: not remembered
+    return bridge;
+  }
+  Py_XDECREF(last_loop);
+  last_loop = ref;
+  *last_bridge = bridge;
+  return bridge;
 }
 
 std::shared_ptr<import_call> py_runtime::start_batch(py::object self, const py::sequence& xs,

@@ -144,16 +144,15 @@ const call_names& names() {
 // only after a call failed, to tell the two apart. The call's exception is
 // kept when it has one.
 bool has_dlpack(py::handle obj) {
-  PyObject* type = nullptr;
-  PyObject* value = nullptr;
-  PyObject* traceback = nullptr;
-  PyErr_Fetch(&type, &value, &traceback);
+  const py::error_scope kept;
   PyObject* method = PyObject_GetAttr(obj.ptr(), names().dlpack);
-  const bool has = method != nullptr && method != Py_None;
+  // Only a missing attribute, or None, means no __dlpack__: a getter that
+  // raised something else keeps the call's own error.
+  const bool missing =
+      method == nullptr ? PyErr_ExceptionMatches(PyExc_AttributeError) != 0 : method == Py_None;
   Py_XDECREF(method);
   PyErr_Clear();
-  PyErr_Restore(type, value, traceback);
-  return has;
+  return !missing;
 }
 
 [[noreturn]] void refuse_no_dlpack(py::handle obj) {
@@ -180,6 +179,9 @@ py::set& legacy_producer_types() {
 }
 
 void capsule_destructor(PyObject* capsule) {
+  // A capsule may go while an exception is being raised: that exception is
+  // kept, whatever the deleter does.
+  const py::error_scope kept;
   if (PyCapsule_IsValid(capsule, kVersioned) != 0) {
     auto* t = static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule, kVersioned));
     if (t->deleter != nullptr) t->deleter(t);
@@ -187,7 +189,8 @@ void capsule_destructor(PyObject* capsule) {
     auto* t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kLegacy));
     if (t->deleter != nullptr) t->deleter(t);
   }
-  // Renamed by a consumer: the consumer owns it now.
+  // Renamed by a consumer: the consumer owns it now. (The name checks set
+  // no error that outlives this.)
   PyErr_Clear();
 }
 

@@ -1,7 +1,9 @@
 #include "py_tensor.hpp"
 
 #include <Python.h>
+#include <structmember.h>
 
+#include <cstddef>
 #include <new>
 #include <string>
 #include <utility>
@@ -93,7 +95,9 @@ py::capsule dlpack(const py_tensor& self, const py::object& stream, const py::ob
 // view's import. Its methods are pybind11 functions that take `self` as a
 // handle and check it (tensor_of).
 struct tensor_instance {
-  PyObject_HEAD bool engaged;  // false for Tensor.__new__(Tensor): holds no tensor
+  PyObject ob_base;    // PyObject_HEAD
+  PyObject* weakrefs;  // weakref.ref(tensor) works, as it did for the pybind11 class
+  bool engaged;        // false for Tensor.__new__(Tensor): holds no tensor
   alignas(py_tensor) unsigned char storage[sizeof(py_tensor)];
 
   py_tensor* get() noexcept { return std::launder(reinterpret_cast<py_tensor*>(storage)); }
@@ -104,12 +108,26 @@ PyTypeObject* tensor_type = nullptr;
 void tensor_dealloc(PyObject* self) {
   auto* o = reinterpret_cast<tensor_instance*>(self);
   PyTypeObject* type = Py_TYPE(self);
-  if (o->engaged) {
-    o->engaged = false;
-    o->get()->~py_tensor();  // the view's producer or the copy's buffer goes here
+  {
+    // A Tensor may go while an exception is being raised (a temporary in a
+    // failing expression); the producer's deleter, which may run Python
+    // code, must neither see it nor lose it.
+    const py::error_scope kept;
+    if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+    if (o->engaged) {
+      o->engaged = false;
+      o->get()->~py_tensor();  // the view's producer or the copy's buffer goes here
+    }
   }
   type->tp_free(self);
   Py_DECREF(type);
+}
+
+int tensor_init(PyObject* /*self*/, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  PyErr_SetString(PyExc_TypeError,
+                  "dlasync.Tensor has no constructor: tensors come from imports "
+                  "(Runtime.from_dlpack, Runtime.import_dlpack)");
+  return -1;
 }
 
 }  // namespace
@@ -214,11 +232,12 @@ namespace {
 // A read-only property of Tensor: `get` reads the tensor of a checked self.
 template <class Get>
 void add_property(py::handle type, const char* name, Get get, const char* doc = nullptr) {
-  static const py::object property = py::module_::import("builtins").attr("property");
+  // Held for the process, as the type is.
+  static const auto* property = new py::object(py::module_::import("builtins").attr("property"));
   py::cpp_function getter([get](py::handle self) { return get(tensor_of(self)); });
   py::setattr(type, name,
-              property(getter, py::none(), py::none(),
-                       doc != nullptr ? py::object(py::str(doc)) : py::object(py::none())));
+              (*property)(getter, py::none(), py::none(),
+                          doc != nullptr ? py::object(py::str(doc)) : py::object(py::none())));
 }
 
 constexpr const char* kTensorDoc = R"(A tensor imported by dlasync.
@@ -231,9 +250,16 @@ __dlpack_device__), so NumPy, PyTorch, CuPy and JAX can take it.)";
 }  // namespace
 
 void bind_tensor(py::module_& m) {
+  static PyMemberDef members[] = {
+      {"__weaklistoffset__", T_PYSSIZET,
+       static_cast<Py_ssize_t>(offsetof(tensor_instance, weakrefs)), READONLY, nullptr},
+      {nullptr, 0, 0, 0, nullptr},
+  };
   static PyType_Slot slots[] = {
       {Py_tp_dealloc, reinterpret_cast<void*>(&tensor_dealloc)},
       {Py_tp_new, reinterpret_cast<void*>(&PyType_GenericNew)},
+      {Py_tp_init, reinterpret_cast<void*>(&tensor_init)},
+      {Py_tp_members, members},
       {Py_tp_doc, const_cast<char*>(kTensorDoc)},
       {0, nullptr},
   };
@@ -241,7 +267,9 @@ void bind_tensor(py::module_& m) {
                              slots};
   auto type = py::reinterpret_steal<py::object>(PyType_FromSpec(&spec));
   if (!type) throw py::error_already_set();
-  tensor_type = reinterpret_cast<PyTypeObject*>(type.ptr());
+  // Held for the process: imports make Tensors even if the module's
+  // attributes are deleted.
+  tensor_type = reinterpret_cast<PyTypeObject*>(type.inc_ref().ptr());
   add_property(type, "shape", [](const py_tensor& t) { return as_tuple(t.value.shape()); });
   add_property(
       type, "strides", [](const py_tensor& t) { return as_tuple(t.value.strides()); },

@@ -385,6 +385,13 @@ void retired_producers::add(std::vector<published_holder>& holders) {
   holders.clear();
 }
 
+namespace {
+// Set while this thread runs producers' deleters in drop(): a deleter that
+// shuts a node down (by dropping the last reference to it) must not wait
+// for itself.
+thread_local bool dropping_here = false;
+}  // namespace
+
 void retired_producers::drop() {
   std::unique_lock lock(mutex_);
   while (!queued_.empty()) {
@@ -392,7 +399,9 @@ void retired_producers::drop() {
     queued_.clear();
     ++dropping_;
     lock.unlock();
+    const bool outer = std::exchange(dropping_here, true);
     now.clear();
+    dropping_here = outer;
     lock.lock();
     --dropping_;
   }
@@ -400,6 +409,12 @@ void retired_producers::drop() {
 }
 
 void retired_producers::drop_all() {
+  if (dropping_here) {
+    // Called from a deleter: what is queued is dropped here, and the drop
+    // under way is this thread's own, which ends when the deleter returns.
+    drop();
+    return;
+  }
   for (;;) {
     drop();
     std::unique_lock lock(mutex_);

@@ -166,3 +166,54 @@ def test_tensor_methods_called_on_another_object_are_type_errors(rt):
     del empty
     gc.collect()
     assert t.shape == (3,) and t.data_ptr == a.ctypes.data
+
+
+def test_a_tensor_freed_while_an_exception_is_raised_keeps_the_exception(rt):
+    # The temporary Tensor goes while AttributeError is being raised; its
+    # producer's deleter (Python code here, through ctypes) must neither see
+    # that exception nor lose it.
+    p = CountingProducer(np.arange(4.0))
+    with pytest.raises(AttributeError, match="nope"):
+        rt.from_dlpack(p).nope
+    assert p.deletes == 1
+    # The same for a capsule that goes unclaimed while an exception is raised.
+    t = rt.from_dlpack(np.arange(4.0))
+    with pytest.raises(AttributeError, match="nope"):
+        t.__dlpack__().nope
+
+
+def test_tensors_take_weak_references_and_have_no_constructor(rt):
+    import weakref
+    t = rt.from_dlpack(np.arange(4.0))
+    ref = weakref.ref(t)
+    assert ref() is t
+    del t
+    gc.collect()
+    assert ref() is None
+    with pytest.raises(TypeError, match="no constructor"):
+        dlasync.Tensor()
+    with pytest.raises(TypeError, match="no constructor"):
+        dlasync.Tensor(1, 2)
+
+
+def test_a_producer_whose_dlpack_getter_fails_keeps_its_own_error(rt):
+    class Broken:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+        @property
+        def __dlpack__(self):
+            raise KeyError("the getter failed")
+
+    class Missing:
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    class Unset(Missing):
+        __dlpack__ = None
+
+    with pytest.raises(KeyError, match="the getter failed"):
+        rt.from_dlpack(Broken())
+    for producer in (Missing(), Unset()):
+        with pytest.raises(AttributeError, match="has no __dlpack__"):
+            rt.from_dlpack(producer)

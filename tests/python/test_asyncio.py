@@ -266,3 +266,27 @@ def test_an_import_that_completes_in_the_call_never_suspends(inline_copy_bytes):
             assert eventually(lambda: view.deletes == 1 and copy.deletes == 1)
 
         asyncio.run(main())
+
+
+def test_a_loop_that_cannot_watch_the_bridge_leaves_the_producer_as_it_was():
+    # The loop's bridge is made before the import takes anything: when the
+    # loop refuses it, the import raises and nothing is left in flight.
+    class NoReaders(asyncio.SelectorEventLoop):
+        def add_reader(self, fd, callback, *args):
+            raise NotImplementedError("this loop watches no file descriptors")
+
+    with dlasync.Runtime(cuda="off", host_devices=2, inline_copy_bytes=0) as rt:
+        p = CountingProducer(np.arange(16.0))
+        capsule = p.__dlpack__(max_version=(1, 3))
+        loop = NoReaders()
+        try:
+            with pytest.raises(NotImplementedError, match="watches no file descriptors"):
+                loop.run_until_complete(rt.import_dlpack(capsule, device="cpu:1"))
+        finally:
+            loop.close()
+        assert rt.in_flight == 0 and p.deletes == 0
+        # The capsule was not consumed: another import takes it.
+        t = rt.from_dlpack(capsule, device="cpu:1")
+        assert np.from_dlpack(t).tolist() == list(np.arange(16.0))
+        del capsule
+        assert eventually(lambda: p.deletes == p.exports == 1)

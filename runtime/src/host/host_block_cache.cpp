@@ -21,7 +21,9 @@ std::uint64_t host_block_cache::size_class(std::uint64_t bytes) {
 void* host_block_cache::acquire(std::uint64_t bytes, std::size_t alignment,
                                 std::uint64_t& capacity) {
   if (bytes >= min_bytes_) {
-    capacity = size_class(bytes);
+    // A whole number of alignments, as aligned_alloc requires: classes of
+    // 4 to 16 KiB step by 1 or 2 KiB, which a 4 KiB alignment does not divide.
+    capacity = (size_class(bytes) + alignment - 1) / alignment * alignment;
     std::lock_guard lock(mutex_);
     auto it = free_.find(key{capacity, alignment});
     if (it != free_.end() && !it->second.empty()) {
@@ -47,8 +49,8 @@ void host_block_cache::release(void* block, std::uint64_t capacity, std::size_t 
     std::lock_guard lock(mutex_);
     while (cached_ + capacity > cap_bytes_) {
       const entry oldest = order_.front();
-      std::vector<lru::iterator>& same = free_[oldest.k];
-      same.erase(same.begin());  // the oldest of its key is the first
+      std::deque<lru::iterator>& same = free_[oldest.k];
+      same.pop_front();  // the oldest of its key is the first
       order_.pop_front();
       cached_ -= oldest.k.capacity;
       evicted.push_back(oldest.block);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <mutex>
 #include <vector>
@@ -63,7 +64,9 @@ class host_block_cache {
   std::uint64_t cached_ = 0;
   // Free blocks, least recently released first; and by key, oldest first.
   lru order_;
-  absl::flat_hash_map<key, std::vector<lru::iterator>> free_;
+  // A deque: eviction takes a key's oldest block from the front, and a key
+  // may hold hundreds of thousands of 4 KiB blocks.
+  absl::flat_hash_map<key, std::deque<lru::iterator>> free_;
 };
 
 }  // namespace dlasync::detail

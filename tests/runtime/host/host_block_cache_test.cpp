@@ -59,4 +59,22 @@ TEST_CASE("a full cache gives back its oldest blocks to keep the newest", "[runt
   CHECK(cache.cached_bytes() == 3 * mib);
 }
 
+TEST_CASE("a cached block is a whole number of its alignment", "[runtime][cache]") {
+  // aligned_alloc requires it; size classes of 4 to 16 KiB step by 1 or 2 KiB.
+  host_block_cache cache(4096, 1 << 20);
+  for (const std::size_t alignment : {64, 2048, 4096}) {
+    std::uint64_t cap = 0;
+    void* block = cache.acquire(5000, alignment, cap);
+    REQUIRE(block != nullptr);
+    CHECK(cap >= 5000);
+    CHECK(cap % alignment == 0);
+    CHECK(reinterpret_cast<std::uintptr_t>(block) % alignment == 0);
+    cache.release(block, cap, alignment);
+    std::uint64_t again = 0;
+    CHECK(cache.acquire(5000, alignment, again) == block);
+    CHECK(again == cap);
+    cache.release(block, again, alignment);
+  }
+}
+
 }  // namespace dlasync::detail
