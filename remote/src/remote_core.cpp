@@ -251,7 +251,6 @@ std::size_t remote_core::connections() const {
 }
 
 void remote_core::shutdown() {
-  std::vector<published_holder> dropped;
   std::vector<std::shared_ptr<remote_import>> ops;
   {
     std::lock_guard lock(ucx_->mutex());
@@ -299,11 +298,11 @@ void remote_core::shutdown() {
     std::lock_guard lock(ucx_->mutex());
     for (auto& [lease, pub] : draining_) retired_.push_back(std::move(pub.holder));
     draining_.clear();
-    dropped = std::move(retired_);
+    to_delete_->add(retired_);
   }
-  dropped.clear();  // producers' deleters, without the lock
-  // And those of publications that ended before: what the executor has not
-  // dropped yet is dropped here.
+  // Producers' deleters, without the lock: those of the publications ended
+  // here, and those of publications that ended before that the executor has
+  // not dropped yet.
   to_delete_->drop_all();
 }
 
