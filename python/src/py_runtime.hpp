@@ -79,8 +79,8 @@ class py_runtime {
   // The synchronous import of a taken source: planned once, by begin_import.
   pybind11::object import_taken(const pybind11::object& self, taken_source& taken,
                                 const import_options& options);
-  // The asyncio loop's completion bridge (dlasync._bridge), made at its
-  // first import that waits.
+  // The asyncio loop's completion bridge (dlasync._bridge), made at the
+  // loop's first import; the last loop's is remembered.
   static std::shared_ptr<loop_bridge> bridge_of(pybind11::handle loop);
   // A Tensor of this runtime, or the status raised as Python's exception.
   static pybind11::object tensor_or_raise(const pybind11::object& self, absl::StatusOr<tensor> t);

@@ -9,8 +9,15 @@
 
 #include <stdint.h>
 
-typedef struct { int32_t device_type; int32_t device_id; } DLDevice;
-typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } DLDataType;
+typedef struct {
+  int32_t device_type;
+  int32_t device_id;
+} DLDevice;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
 typedef struct {
   void* data;
   DLDevice device;
@@ -20,7 +27,10 @@ typedef struct {
   int64_t* strides;
   uint64_t byte_offset;
 } DLTensor;
-typedef struct { uint32_t major; uint32_t minor; } DLPackVersion;
+typedef struct {
+  uint32_t major;
+  uint32_t minor;
+} DLPackVersion;
 typedef struct DLManagedTensorVersioned {
   DLPackVersion version;
   void* manager_ctx;
