@@ -29,8 +29,20 @@ const keywords& names() {
   return *k;
 }
 
-bool same(PyObject* name, PyObject* interned) {
-  return name == interned || PyUnicode_Compare(name, interned) == 0;
+// The keyword `key` names: the interned string itself (the interpreter
+// interns the keywords of a call written in Python), else an equal string.
+// Identity is tried against every name first, as a comparison costs about
+// as much as the rest of the parse.
+PyObject* keyword_of(const keywords& k, PyObject* key) {
+  PyObject* const all[] = {k.device, k.copy, k.stream, k.require_contiguous, k.require_writable};
+  for (PyObject* name : all) {
+    if (key == name) return name;
+  }
+  for (PyObject* name : all) {
+    if (PyUnicode_Compare(key, name) == 0) return name;
+  }
+  if (PyErr_Occurred() != nullptr) PyErr_Clear();  // not a string: named below
+  return nullptr;
 }
 
 py_runtime& runtime_of(PyObject* self) {
@@ -67,15 +79,16 @@ import_args parse(const char* name, const char* positional_names, Py_ssize_t pos
   for (Py_ssize_t i = 0; i < n; ++i) {
     PyObject* key = PyTuple_GET_ITEM(kwnames, i);
     auto value = py::reinterpret_borrow<py::object>(args[positional + i]);
-    if (same(key, k.device)) {
+    PyObject* keyword = keyword_of(k, key);
+    if (keyword == k.device) {
       a.device = std::move(value);
-    } else if (same(key, k.copy)) {
+    } else if (keyword == k.copy) {
       a.copy = std::move(value);
-    } else if (same(key, k.stream)) {
+    } else if (keyword == k.stream) {
       a.stream = std::move(value);
-    } else if (same(key, k.require_contiguous)) {
+    } else if (keyword == k.require_contiguous) {
       a.require_contiguous = std::move(value);
-    } else if (same(key, k.require_writable)) {
+    } else if (keyword == k.require_writable) {
       a.require_writable = std::move(value);
     } else {
       throw py::type_error(absl::StrCat(name, "() got an unexpected keyword argument '",

@@ -167,8 +167,9 @@ runtime_stats runtime_core::stats() const noexcept {
 }
 
 std::size_t runtime_core::in_flight() const {
+  const auto inline_ops = static_cast<std::size_t>(inline_ops_.load(std::memory_order_relaxed));
   std::lock_guard lock(ops_mutex_);
-  return ops_.size();
+  return ops_.size() + inline_ops;
 }
 
 std::uint64_t runtime_core::begin_operation(std::function<void()> cancel) {
@@ -195,13 +196,19 @@ void runtime_core::shutdown() {
       return;
     }
     shut_down_ = true;
-    accepting_.store(false, std::memory_order_release);
+    accepting_.store(false, std::memory_order_seq_cst);
     for (auto& [id, cancel] : ops_) cancels.push_back(cancel);
   }
   for (std::function<void()>& cancel : cancels) cancel();
   {
     std::unique_lock lock(ops_mutex_);
     ops_done_.wait(lock, [this] { return ops_.empty(); });
+  }
+  // Inline operations began before the store above (begin_inline): they
+  // end on their callers' threads without anything to cancel.
+  for (std::int64_t n = inline_ops_.load(std::memory_order_seq_cst); n != 0;
+       n = inline_ops_.load(std::memory_order_seq_cst)) {
+    inline_ops_.wait(n, std::memory_order_seq_cst);
   }
   // Every import has handed its source to the releaser: run their deleters
   // while the threads still run, so that a deleter that waits for something

@@ -106,6 +106,26 @@ class runtime_core {
   std::uint64_t begin_operation(std::function<void()> cancel);
   void end_operation(std::uint64_t id);
 
+  // An operation that runs to its end on the calling thread, with nothing
+  // to cancel (an inline host copy): counted, not registered, so that it
+  // costs two atomic instructions where begin_operation takes a lock and a
+  // map entry. False when the runtime no longer accepts work. Shutdown
+  // waits until every one begun has ended.
+  bool begin_inline() noexcept {
+    // Both sides sequentially consistent: either this load sees shutdown's
+    // store, or shutdown's read of the count sees this increment.
+    inline_ops_.fetch_add(1, std::memory_order_seq_cst);
+    if (accepting_.load(std::memory_order_seq_cst)) return true;
+    end_inline();
+    return false;
+  }
+  void end_inline() noexcept {
+    if (inline_ops_.fetch_sub(1, std::memory_order_seq_cst) == 1 &&
+        !accepting_.load(std::memory_order_seq_cst)) {
+      inline_ops_.notify_all();
+    }
+  }
+
   // Stops accepting, cancels what is in flight, waits for it and for every
   // deleter handed to the releaser, stops the threads and destroys the
   // handlers still queued on the executor (their tensors released). Every
@@ -146,6 +166,7 @@ class runtime_core {
   std::unique_ptr<std::atomic<std::uint32_t>[]> next_stream_;
 
   std::atomic<bool> accepting_{true};
+  std::atomic<std::int64_t> inline_ops_{0};  // begin_inline's count
   mutable std::mutex ops_mutex_;
   std::condition_variable ops_done_;
   std::uint64_t next_op_ = 1;

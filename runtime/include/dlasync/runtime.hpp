@@ -327,7 +327,8 @@ class runtime {
   // False once shutdown has begun.
   bool accepting() const noexcept;
 
-  // Import operations in flight, those shutdown would cancel.
+  // Import operations in flight: those shutdown would cancel, and small host
+  // copies under way on their callers' threads, which it waits for.
   std::size_t in_flight() const;
 
   // A snapshot of the import counters: in flight, waiting for budget,

@@ -10,8 +10,7 @@ namespace dlasync::detail {
 
 host_backend::host_backend(host_backend_options options, work_pool& pool)
     : options_(options),
-      cache_(
-          std::make_shared<host_block_cache>(options_.cache_min_bytes, options_.cache_max_bytes)) {
+      cache_(new host_block_cache(options_.cache_min_bytes, options_.cache_max_bytes)) {
   const int count = options_.host_devices * options_.streams_per_device;
   for (int i = 0; i < count; ++i) streams_.push_back(std::make_unique<host_stream>(pool));
 }
@@ -40,10 +39,13 @@ absl::StatusOr<device_buffer> host_backend::allocate(device d, std::uint64_t byt
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes on ", d.name(), ": out of host memory"));
   }
-  return device_buffer(d, data, bytes,
-                       [cache = cache_, capacity, alignment](void* p, std::uint64_t) {
-                         cache->release(p, capacity, alignment);
-                       });
+  // Sixteen bytes of capture, held in the release function itself: the
+  // capacity follows from the buffer's bytes, which the buffer passes back.
+  auto release = [cache = cache_, alignment](void* p, std::uint64_t n) {
+    cache->release(p, cache->capacity_for(n, alignment), alignment);
+  };
+  static_assert(sizeof(release) <= 2 * sizeof(void*));
+  return device_buffer(d, data, bytes, std::move(release));
 }
 
 std::uint64_t host_backend::cached_bytes() const {

@@ -11,6 +11,7 @@
 
 #include "runtime/src/backend.hpp"
 #include "runtime/src/completion_marker.hpp"
+#include "runtime/src/host/host_block_cache.hpp"
 #include "runtime/src/host/host_stream.hpp"
 #include "runtime/src/work_pool.hpp"
 
@@ -25,8 +26,6 @@ struct host_backend_options {
   std::uint64_t cache_min_bytes = 4096;
   std::uint64_t cache_max_bytes = 0;
 };
-
-class host_block_cache;
 
 class host_backend final : public backend {
  public:
@@ -56,7 +55,7 @@ class host_backend final : public backend {
 
  private:
   host_backend_options options_;
-  std::shared_ptr<host_block_cache> cache_;
+  host_block_cache_ref cache_;
   std::vector<std::unique_ptr<host_stream>> streams_;
 };
 

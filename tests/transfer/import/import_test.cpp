@@ -1,5 +1,7 @@
 #include "dlasync/import.hpp"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -93,6 +95,54 @@ TEST_CASE("a small host copy completes without suspending, its source released",
   io.run_one();  // the spawn itself: the copy needs no second turn
   CHECK(done);
   CHECK(testing::copy_budget(*rt).in_use() == 0);  // returned with the tensor
+  CHECK(rt->in_flight() == 0);
+}
+
+TEST_CASE("shutdown waits for an inline copy under way, which counts as in flight",
+          "[transfer][import]") {
+  // The observer holds the copy, on the calling thread, until released.
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool copying = false;
+  bool go_on = false;
+  std::unique_ptr<runtime> rt = make_runtime(2, 0, [&] {
+    std::unique_lock lock(mutex);
+    copying = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return go_on; });
+  });
+  matrix_source m(16, 16);
+  m.spec.strides = {1, 16};
+  deleter_count count;
+  managed_tensor source = make_tensor(m.spec, count);
+  std::optional<absl::StatusOr<tensor>> result;
+  std::thread importer(
+      [&] { result = async_import_dlpack(*rt, source, to_second_cpu(), asio::use_future).get(); });
+  {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return copying; });
+  }
+  CHECK(rt->in_flight() == 1);
+  std::atomic<bool> shut{false};
+  std::thread closer([&] {
+    rt->shutdown();
+    shut = true;
+  });
+  // Shutdown has begun (new imports are refused) but waits for the copy.
+  REQUIRE(testing::eventually([&] { return !rt->accepting(); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(shut.load());
+  {
+    std::lock_guard lock(mutex);
+    go_on = true;
+  }
+  changed.notify_all();
+  closer.join();
+  importer.join();
+  CHECK(shut.load());
+  REQUIRE(result->ok());  // began before shutdown: it completes
+  CHECK(static_cast<const float*>((*result)->data())[1] == 16.0f);
+  CHECK(count.calls == 1);
   CHECK(rt->in_flight() == 0);
 }
 

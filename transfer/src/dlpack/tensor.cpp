@@ -17,6 +17,19 @@ struct view_state final : detail::tensor_state {
 
 struct copy_state final : detail::tensor_state {
   device_buffer buffer;
+  // The budget the buffer's bytes hold, given back after the buffer: an
+  // inline host copy holds it here rather than in a second release
+  // function around the buffer's, which would be an allocation.
+  std::shared_ptr<memory_budget> budget;
+  std::uint64_t budget_bytes = 0;
+
+  copy_state() = default;
+  copy_state(const copy_state&) = delete;
+  copy_state& operator=(const copy_state&) = delete;
+  ~copy_state() override {
+    buffer.reset();
+    if (budget) budget->release(budget_bytes);
+  }
 };
 
 void fill_compact_strides(detail::tensor_state& state) {
@@ -96,8 +109,10 @@ tensor tensor_factory::make_view(managed_tensor source, const import_plan& plan)
 
 tensor tensor_factory::make_copy(device_buffer buffer, const import_plan& plan,
                                  std::span<const std::int64_t> shape,
-                                 std::shared_ptr<std::atomic<std::int64_t>> stream) {
-  auto state = std::make_shared_for_overwrite<copy_state>();
+                                 std::shared_ptr<std::atomic<std::int64_t>> stream,
+                                 std::shared_ptr<memory_budget> budget) {
+  // From this thread's block cache, as a view's state (make_view).
+  auto state = std::allocate_shared_for_overwrite<copy_state>(cached_allocator<copy_state>());
   state->device = plan.target;
   state->type = plan.type;
   state->ndim = plan.ndim;
@@ -108,7 +123,9 @@ tensor tensor_factory::make_copy(device_buffer buffer, const import_plan& plan,
   state->dims.resize(2 * static_cast<std::size_t>(plan.ndim));
   std::copy(shape.begin(), shape.end(), state->dims.begin());
   fill_compact_strides(*state);
+  state->budget_bytes = budget ? plan.byte_size : 0;
   state->buffer = std::move(buffer);
+  state->budget = std::move(budget);
   state->stream = std::move(stream);
   return tensor(std::move(state));
 }

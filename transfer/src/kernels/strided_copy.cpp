@@ -139,7 +139,10 @@ strided_copy::strided_copy(const strided_layout& layout, std::uint64_t max_unit_
     // the source stays in cache, and writes are the whole cost). Where the
     // source streams from memory too, streaming stores measured slower
     // (docs/performance.md).
-    const std::uint64_t span = detail::byte_extent_of(use).length;
+    // Read only where it decides something: a small copy stays in the
+    // caches whatever its source's span.
+    const bool far = bytes_ >= stream_min_bytes || bytes_ > in_cache_max_bytes;
+    const std::uint64_t span = far ? detail::byte_extent_of(use).length : bytes_;
     // Each source byte read 4 times or more, on average.
     const bool reread_source = span * 4 <= bytes_;
     stream_ = copy_kernels::streaming_stores() && bytes_ >= stream_min_bytes &&
