@@ -140,9 +140,6 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
                                "importers"));
   }
   ++pub.granted;
-  const std::uint64_t hold_id = ++pub.last_hold;
-  const std::uint64_t secret = remote_detail::random_u64();
-  pub.holds.emplace(hold_id, hold{secret, ep});
   const piece_plan plan = m.send_bytes != 0 ? remote_detail::choose_plan(
                                                   pub.description, pub.plan,
                                                   options_.min_run_bytes != 0
@@ -150,12 +147,20 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
                                                       : remote_detail::default_min_sent_run_bytes)
                                             : piece_plan::none;
   const remote_detail::piece_walk walk(pub.description, pub.plan, plan);
-  r.hold_id = hold_id;
-  r.secret = secret;
   r.remaining_us = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(pub.end - now).count());
   r.plan = static_cast<std::uint8_t>(plan);
   r.pieces = walk.count();
+  if ((m.flags & remote_detail::request_bytes_with_grant) != 0 && m.send_bytes == 1 &&
+      plan != piece_plan::gathered && walk.count() == 1 &&
+      walk.at(0).length <= remote_detail::max_bytes_with_grant) {
+    return grant_with_bytes_locked(it, r, walk.at(0), ep);
+  }
+  const std::uint64_t hold_id = ++pub.last_hold;
+  const std::uint64_t secret = remote_detail::random_u64();
+  pub.holds.emplace(hold_id, hold{secret, ep});
+  r.hold_id = hold_id;
+  r.secret = secret;
   send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
   if (plan == piece_plan::gathered) return send_gathered_locked(pub, m.request_id, ep);
   for (std::uint64_t i = 0; i < walk.count(); ++i) {
@@ -174,6 +179,37 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
     send_piece_locked(ep, header, data, [this, lease = pub.lease_id, ep](ucs_status_t) {
       on_read_done_locked(lease, ep);
     });
+  }
+  ucx_->progress();
+}
+
+void remote_core::grant_with_bytes_locked(std::map<std::uint64_t, publication>::iterator it,
+                                          remote_detail::hold_reply& r,
+                                          const remote_detail::piece_range& range, ucp_ep_h ep) {
+  publication& pub = it->second;
+  r.flags = remote_detail::reply_bytes_with_grant;
+  ucx_worker::am_message sent;
+  sent.id = remote_detail::am_hold_reply;
+  const auto* h = reinterpret_cast<const std::byte*>(&r);
+  sent.bytes.assign(h, h + sizeof(r));
+  sent.header_bytes = sizeof(r);
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
+  sent.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
+  sent.data_bytes = range.length;
+  sent.reply = true;
+  sent.carried_by = ucx_worker::am_message::protocol::eager;
+  ++pub.reads_in_flight;
+  ++pub.readers[ep];
+  (void)ucx_->send_am(ep, std::move(sent), [this, lease = pub.lease_id, ep](ucs_status_t) {
+    on_read_done_locked(lease, ep);
+  });
+  // The hold ends with the grant: no release follows. Once every importer's
+  // hold has ended the publication retires, and its producer goes once no
+  // send reads its memory any more (on_read_done_locked; a completion run
+  // inside send_am only counts the read down, so `it` still stands).
+  if (++pub.releases >= pub.importers) {
+    retire_locked(it);
+    drop_retired_locked();
   }
   ucx_->progress();
 }

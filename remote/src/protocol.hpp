@@ -11,6 +11,13 @@
 // releases its hold (hold_release, with the hold's id and secret, on the
 // same connection).
 //
+// A small tensor goes in one message: an importer that asks for pieces
+// also offers to take the bytes with the grant (request_bytes_with_grant).
+// Where the exporter's plan is one piece of at most 64 KiB, it sends that
+// piece as the grant's data (reply_bytes_with_grant) and ends the hold itself
+// once the send no longer reads the memory: no piece message, and no
+// release.
+//
 // Where both nodes trust their peers (remote_node_options::trusted_peers)
 // and the descriptor carries a remote key, the importer may instead read
 // the bytes itself by RMA get, and asks for a hold without pieces.
@@ -74,13 +81,24 @@ struct hold_request {
   std::uint16_t version = protocol_version;
   // 1: send the bytes as pieces; 0: no pieces (RMA, trusted peers only).
   std::uint8_t send_bytes = 1;
-  std::uint8_t reserved = 0;
+  // request_bytes_with_grant, or 0. Other bits are ignored.
+  std::uint8_t flags = 0;
   std::uint64_t lease_id = 0;
   std::uint64_t request_id = 0;
   // description_digest of the descriptor the importer validated: the
   // exporter refuses a hold for another description than its tensor's.
   std::uint64_t digest = 0;
 };
+
+// hold_request::flags: the importer takes a one-piece tensor's bytes as the
+// grant's data, the hold then ended by the exporter.
+inline constexpr std::uint8_t request_bytes_with_grant = 1;
+// hold_reply::flags: the grant carries its only piece as its data, and the
+// hold is over (no release follows).
+inline constexpr std::uint8_t reply_bytes_with_grant = 1;
+// The largest piece an exporter sends with a grant: the size up to which it
+// sends pieces eagerly (with their message) anyway.
+inline constexpr std::uint64_t max_bytes_with_grant = std::uint64_t{64} << 10;
 
 struct hold_reply {
   std::uint32_t magic = protocol_magic;
@@ -92,8 +110,9 @@ struct hold_reply {
   std::uint64_t secret = 0;
   // Microseconds left on the lease when the exporter answered.
   std::uint64_t remaining_us = 0;
-  std::uint8_t plan = 0;  // a piece_plan
-  std::uint8_t reserved[7] = {};
+  std::uint8_t plan = 0;   // a piece_plan
+  std::uint8_t flags = 0;  // reply_bytes_with_grant, or 0
+  std::uint8_t reserved[6] = {};
   std::uint64_t pieces = 0;
   // The refusal's message, NUL-terminated.
   char message[192] = {};

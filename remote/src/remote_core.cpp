@@ -139,15 +139,16 @@ ucs_status_t remote_core::on_am_release(void* arg, const void* header, std::size
   return UCS_OK;
 }
 
-ucs_status_t remote_core::on_am_reply(void* arg, const void* header, std::size_t length, void*,
-                                      std::size_t, const ucp_am_recv_param_t* param) {
+ucs_status_t remote_core::on_am_reply(void* arg, const void* header, std::size_t length, void* data,
+                                      std::size_t data_length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<remote_core*>(arg);
   remote_detail::hold_reply m;
   if (!read_message(header, length, m)) return UCS_OK;
   auto it = self->imports_.find(m.request_id);
-  if (it == self->imports_.end()) return UCS_OK;  // late, or not ours
+  // Late, or not ours (a rendezvous is completed for its sender as dropped).
+  if (it == self->imports_.end()) return UCS_OK;
   std::shared_ptr<remote_import> op = it->second;
-  op->on_hold_reply_locked(m, sender(param));
+  op->on_hold_reply_locked(m, data, data_length, param);
   return UCS_OK;
 }
 

@@ -184,6 +184,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void cancel_gathers_locked();
   // Until every gather's handler has run. Without the node's lock.
   void wait_for_gathers();
+  // Grants a hold whose only piece (`range`) goes as the grant's data, and
+  // ends the hold at once (hold_request's request_bytes_with_grant).
+  void grant_with_bytes_locked(std::map<std::uint64_t, publication>::iterator it,
+                               remote_detail::hold_reply& r,
+                               const remote_detail::piece_range& range, ucp_ep_h ep);
   void send_piece_locked(ucp_ep_h ep, const remote_detail::piece& header, const void* data,
                          ucx_worker::send_done done);
   void send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, remote_detail::piece_plan plan,

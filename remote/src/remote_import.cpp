@@ -105,6 +105,13 @@ void remote_import::start(done_fn done, const remote_descriptor& d, const import
               t.count(), " ms); the exporter is slow or gone")));
         }
       });
+  // Budget free now, with nobody in line: taken here, and the hold asked at
+  // once, without a hop through the executor (a small import's round trip
+  // is mostly such hops).
+  if (budget.try_acquire(fetch_bytes_)) {
+    budget_held_ = fetch_bytes_;
+    return budget_granted_locked();
+  }
   // Asked under the lock, so that shutdown and cancellation find the wait
   // with its ticket: the grant is posted, never run inside the call.
   budget_wait_.begin(
@@ -128,6 +135,10 @@ void remote_import::on_budget(const absl::Status& granted) {
     return wind_down_locked();
   }
   budget_held_ = fetch_bytes_;
+  budget_granted_locked();
+}
+
+void remote_import::budget_granted_locked() {
   if (finished_ || core_->stopping()) {
     finish_locked(in_flight(absl::CancelledError("the remote node shut down")));
     return wind_down_locked();
@@ -145,6 +156,8 @@ void remote_import::request_hold_locked() {
   endpoint_->users.push_back(weak_from_this());
   hold_request m;
   m.send_bytes = rma_ ? 0 : 1;
+  // A small tensor's bytes may come with the grant, the hold ended with it.
+  m.flags = rma_ ? 0 : remote_detail::request_bytes_with_grant;
   m.lease_id = descriptor_.lease_id;
   m.request_id = request_id_;
   m.digest = remote_detail::description_digest(descriptor_);
@@ -154,7 +167,10 @@ void remote_import::request_hold_locked() {
   core_->ucx().progress();
 }
 
-void remote_import::on_hold_reply_locked(const hold_reply& m, ucp_ep_h from) {
+void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::size_t length,
+                                         const ucp_am_recv_param_t* param) {
+  const ucp_ep_h from =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
   // Only the exporter asked answers, once.
   if (endpoint_ == nullptr || from != endpoint_->ep || !hold_requested_ || reply_seen_) return;
   reply_seen_ = true;
@@ -170,7 +186,16 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, ucp_ep_h from) {
   hold_id_ = m.hold_id;
   secret_ = m.secret;
   hold_end_ = sent_ + std::chrono::microseconds(std::min(m.remaining_us, max_hold_us));
+  const bool with_bytes = (m.flags & remote_detail::reply_bytes_with_grant) != 0;
+  // A grant with its bytes ended the hold: the exporter expects no release.
+  if (with_bytes) hold_released_ = true;
   if (finished_) return wind_down_locked();  // cancelled meanwhile: released now
+  if ((with_bytes && rma_) || (!with_bytes && length != 0)) {
+    return fail_locked(absl::DataLossError(
+        absl::StrCat("the exporter's grant for lease ", descriptor_.lease_id, " carries ", length,
+                     " bytes where this import ", rma_ ? "reads them itself" : "expects none",
+                     "; it does not speak dlasync's protocol")));
+  }
   if (rma_) {
     if (m.plan != static_cast<std::uint8_t>(piece_plan::none) || m.pieces != 0) {
       return fail_locked(absl::DataLossError(
@@ -184,6 +209,16 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, ucp_ep_h from) {
                      " pieces of kind ", m.plan,
                      ") does not fit the descriptor; it runs another dlasync, or "
                      "it does not describe its tensor honestly")));
+  }
+  if (with_bytes) {
+    // The grant's data is piece 0 of its plan, checked as any piece is.
+    remote_detail::piece only;
+    only.request_id = m.request_id;
+    only.plan = m.plan;
+    only.index = 0;
+    only.count = m.pieces;
+    only.length = length;
+    return on_piece_locked(only, data, length, param);
   }
   advance_locked();
 }

@@ -48,8 +48,10 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
 
   // Under the lock.
   std::uint64_t request_id() const noexcept { return request_id_; }
-  // From the endpoint `from` (the message's reply endpoint, or null).
-  void on_hold_reply_locked(const remote_detail::hold_reply& m, ucp_ep_h from);
+  // With the message's data (a grant's bytes, reply_bytes_with_grant), from
+  // the endpoint `param` names.
+  void on_hold_reply_locked(const remote_detail::hold_reply& m, void* data, std::size_t length,
+                            const ucp_am_recv_param_t* param);
   void on_piece_locked(const remote_detail::piece& m, void* data, std::size_t length,
                        const ucp_am_recv_param_t* param);
   void on_endpoint_failed_locked(const absl::Status& why);
@@ -67,6 +69,8 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   enum class layout : std::uint8_t { compact, span };
 
   void on_budget(const absl::Status& granted);
+  // The budget is held (budget_held_): allocates and asks for the hold.
+  void budget_granted_locked();
   void request_hold_locked();
   // The exporter's plan for the bytes, from its reply or its first piece:
   // false when it does not fit the descriptor.

@@ -4,9 +4,11 @@
 // chosen here.
 //
 // As an importer, after `connect <address> <port>` (an exporter's listener):
-//   hold <hex descriptor> <send_bytes> <tamper 0|1>
-//       -> "reply <code> <hold_id> <secret> <plan> <pieces> <bytes received>"
-//          (tamper: the digest of a descriptor whose shape was changed)
+//   hold <hex descriptor> <send_bytes> <tamper 0|1> [<flags>]
+//       -> "reply <code> <hold_id> <secret> <plan> <pieces> <bytes received>
+//           <reply flags> <bytes with the reply>"
+//          (tamper: the digest of a descriptor whose shape was changed;
+//          flags: hold_request::flags, 1 to take the bytes with the grant)
 //   release <lease> <hold_id> <secret> -> "sent"
 //   forge_releases <lease> <n>  -> "sent": n releases with guessed holds
 //   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
@@ -21,6 +23,9 @@
 //       huge_remaining  a grant with 2^63 us left, then the right piece
 //       bad_pieces      a grant, then pieces out of range, of the wrong
 //                       length, and twice
+//       with_grant      a grant that carries the bytes (and ends the hold)
+//       with_grant_short  the same, one byte short
+//       unannounced_bytes a grant that carries the bytes without saying so
 //       garbage         a refusal with an unknown code and no NUL
 //       silent          no answer
 //       every_id        every active-message id back, no answer
@@ -74,13 +79,16 @@ struct peer {
   std::atomic<bool> replied{false};
   hold_reply reply;
   std::atomic<std::uint64_t> received{0};
+  // The bytes that came with the last reply (a grant with its bytes).
+  std::atomic<std::uint64_t> with_reply{0};
   bool keep = false;  // pieces by rendezvous are kept, never received
 
   static ucs_status_t on_reply(void* arg, const void* header, std::size_t length, void*,
-                               std::size_t, const ucp_am_recv_param_t*) {
+                               std::size_t data_length, const ucp_am_recv_param_t*) {
     auto* self = static_cast<peer*>(arg);
     if (length == sizeof(hold_reply)) {
       std::memcpy(&self->reply, header, sizeof(hold_reply));
+      self->with_reply = data_length;
       self->replied = true;
     }
     return UCS_OK;
@@ -163,6 +171,17 @@ struct peer {
       send(to, am_piece, &offset, sizeof(offset), tensor.data(), tensor.size());
       send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
       send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());  // twice
+    } else if (mode == "with_grant" || mode == "with_grant_short" || mode == "unannounced_bytes") {
+      // The bytes as the grant's data: honestly, one byte short, or without
+      // the flag that announces them.
+      r.hold_id = 1;
+      r.secret = 2;
+      r.remaining_us = 10'000'000;
+      r.plan = p.plan;
+      r.pieces = 1;
+      if (mode != "unannounced_bytes") r.flags = reply_bytes_with_grant;
+      const std::size_t n = mode == "with_grant_short" ? tensor.size() - 1 : tensor.size();
+      send(to, am_hold_reply, &r, sizeof(r), tensor.data(), n);
     } else if (mode == "garbage") {
       r.code = 12345;
       std::memset(r.message, 'G', sizeof(r.message));  // no NUL
@@ -228,7 +247,9 @@ int main(int argc, char** argv) {
       std::string hex;
       int send_bytes = 1;
       int tamper = 0;
+      int flags = 0;  // optional: hold_request::flags
       in >> hex >> send_bytes >> tamper;
+      if (!(in >> flags)) flags = 0;
       absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(testing::from_hex(hex));
       if (!d.ok()) {
         say("error " + std::string(d.status().message()));
@@ -236,12 +257,14 @@ int main(int argc, char** argv) {
       }
       hold_request m;
       m.send_bytes = static_cast<std::uint8_t>(send_bytes);
+      m.flags = static_cast<std::uint8_t>(flags);
       m.lease_id = d->lease_id;
       m.request_id = 77;
       if (tamper != 0) d->shape[0] += 1;
       m.digest = description_digest(*d);
       p.replied = false;
       p.received = 0;
+      p.with_reply = 0;
       {
         std::lock_guard lock(p.ucx->mutex());
         p.send(p.ep, am_hold_request, &m, sizeof(m), nullptr, 0);
@@ -258,7 +281,8 @@ int main(int argc, char** argv) {
       const hold_reply& r = p.reply;
       say("reply " + std::to_string(r.code) + " " + std::to_string(r.hold_id) + " " +
           std::to_string(r.secret) + " " + std::to_string(r.plan) + " " + std::to_string(r.pieces) +
-          " " + std::to_string(p.received.load()));
+          " " + std::to_string(p.received.load()) + " " + std::to_string(r.flags) + " " +
+          std::to_string(p.with_reply.load()));
     } else if (command == "release") {
       hold_release m;
       in >> m.lease_id >> m.hold_id >> m.secret;
