@@ -14,9 +14,9 @@
 // A small tensor goes in one message: an importer that asks for pieces
 // also offers to take the bytes with the grant (request_bytes_with_grant).
 // Where the exporter's plan is one piece of at most 64 KiB, it sends that
-// piece as the grant's data (reply_bytes_with_grant) and ends the hold itself
-// once the send no longer reads the memory: no piece message, and no
-// release.
+// piece as the grant's data (reply_bytes_with_grant) and ends the hold at
+// once; the producer still waits until the send no longer reads its memory.
+// No piece message, and no release, follows.
 //
 // Where both nodes trust their peers (remote_node_options::trusted_peers)
 // and the descriptor carries a remote key, the importer may instead read

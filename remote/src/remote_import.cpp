@@ -190,6 +190,16 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   // A grant with its bytes ended the hold: the exporter expects no release.
   if (with_bytes) hold_released_ = true;
   if (finished_) return wind_down_locked();  // cancelled meanwhile: released now
+  // A grant carries only a one-piece tensor of its plan, and a small one.
+  const bool one_piece = m.pieces == 1 && (m.plan == static_cast<std::uint8_t>(piece_plan::whole) ||
+                                           m.plan == static_cast<std::uint8_t>(piece_plan::dense));
+  if (with_bytes && (!one_piece || length > remote_detail::max_bytes_with_grant)) {
+    return fail_locked(absl::DataLossError(
+        absl::StrCat("the exporter's grant for lease ", descriptor_.lease_id, " carries ", length,
+                     " bytes as a tensor of ", m.pieces, " pieces of kind ", m.plan,
+                     "; a grant carries only a one-piece tensor of up to ",
+                     remote_detail::max_bytes_with_grant, " bytes")));
+  }
   if ((with_bytes && rma_) || (!with_bytes && length != 0)) {
     return fail_locked(absl::DataLossError(
         absl::StrCat("the exporter's grant for lease ", descriptor_.lease_id, " carries ", length,

@@ -293,6 +293,12 @@ TEST_CASE("a hostile exporter's answers are checked before they are used", "[rem
     // Given back as the import winds down, maybe a moment after the result.
     REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
   }
+  SECTION("a grant that carries more than a small tensor: refused") {
+    const std::uint16_t port = hostile_listens(*hostile, "with_grant", 131072);
+    absl::StatusOr<tensor> t = import_now(*in->node, at_hostile_exporter(port, 131072));
+    REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(t.status().message()), Catch::Contains("up to 65536 bytes"));
+  }
   SECTION("an unknown status code and a message without its end") {
     const std::uint16_t port = hostile_listens(*hostile, "garbage", 4096);
     absl::StatusOr<tensor> t = import_now(*in->node, at_hostile_exporter(port, 4096));

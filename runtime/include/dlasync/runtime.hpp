@@ -250,7 +250,8 @@ struct latency_histogram {
 struct runtime_stats {
   // Imports begun and not yet completed: validating, waiting for budget or
   // staging chunks, copying. Unlike runtime::in_flight(), which counts the
-  // operations shutdown must cancel, it counts every import, views included.
+  // operations shutdown must cancel or wait for, it counts every import,
+  // views included.
   std::uint64_t imports_in_flight = 0;
   // Requests for copy memory budget waiting in line (memory_budget::waiting):
   // one per import, one per batch for its members' copies together.

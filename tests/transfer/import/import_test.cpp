@@ -138,6 +138,8 @@ TEST_CASE("shutdown waits for an inline copy under way, which counts as in fligh
   }
   changed.notify_all();
   closer.join();
+  // Shutdown returned: the source's deleter has run (runtime.hpp's promise).
+  CHECK(count.calls == 1);
   importer.join();
   CHECK(shut.load());
   REQUIRE(result->ok());  // began before shutdown: it completes

@@ -39,14 +39,25 @@ std::optional<import_result> copy_inline(runtime& rt, import_start& start) {
   }
   const strided_copy copy(start.transfer.layout);
   copy_here(copy_services_of(core), copy, first_element(plan), allocated->data());
-  core.end_inline();
   const DLTensor& dl = *start.source.dl_tensor();
-  // The tensor gives the budget back after its buffer (make_copy).
-  import_result result = tensor_factory::make_copy(
-      *std::move(allocated), plan, {dl.shape, static_cast<std::size_t>(dl.ndim)}, nullptr, budget);
-  // Nothing reads the source any more.
+  // The tensor gives the budget back after its buffer (make_copy), which
+  // takes it last: nothing can throw after that.
+  import_result result = [&]() -> import_result {
+    try {
+      return tensor_factory::make_copy(*std::move(allocated), plan,
+                                       {dl.shape, static_cast<std::size_t>(dl.ndim)}, nullptr,
+                                       budget);
+    } catch (...) {
+      budget->release(bytes);
+      core.end_inline();
+      throw;
+    }
+  }();
+  // Nothing reads the source any more. Its deleter runs before the copy
+  // counts as ended, so that shutdown returns after it (runtime.hpp).
   managed_tensor consumed = std::move(start.source);
   consumed.reset();
+  core.end_inline();
   count_completed(core, start.began, transfer_path::host_to_host, bytes, result);
   return result;
 }
