@@ -23,6 +23,8 @@ using remote_detail::piece_plan;
 // times as fast over shared memory and 1.18 to 1.38 over TCP; at 256 KiB
 // and 1 MiB eager sends were slower over shared memory.
 constexpr std::uint64_t eager_piece_bytes = std::uint64_t{64} << 10;
+// A grant's bytes go eagerly, in the grant's own message.
+static_assert(remote_detail::max_bytes_with_grant <= eager_piece_bytes);
 
 absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
                                                        remote_descriptor d,
@@ -172,13 +174,7 @@ void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
     header.count = walk.count();
     header.offset = range.offset;
     header.length = range.length;
-    ++pub.reads_in_flight;
-    ++pub.readers[ep];
-    // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
-    const void* data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
-    send_piece_locked(ep, header, data, [this, lease = pub.lease_id, ep](ucs_status_t) {
-      on_read_done_locked(lease, ep);
-    });
+    send_read_locked(pub, ep, remote_detail::am_piece, &header, sizeof(header), range);
   }
   ucx_->progress();
 }
@@ -188,21 +184,7 @@ void remote_core::grant_with_bytes_locked(std::map<std::uint64_t, publication>::
                                           const remote_detail::piece_range& range, ucp_ep_h ep) {
   publication& pub = it->second;
   r.flags = remote_detail::reply_bytes_with_grant;
-  ucx_worker::am_message sent;
-  sent.id = remote_detail::am_hold_reply;
-  const auto* h = reinterpret_cast<const std::byte*>(&r);
-  sent.bytes.assign(h, h + sizeof(r));
-  sent.header_bytes = sizeof(r);
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
-  sent.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
-  sent.data_bytes = range.length;
-  sent.reply = true;
-  sent.carried_by = ucx_worker::am_message::protocol::eager;
-  ++pub.reads_in_flight;
-  ++pub.readers[ep];
-  (void)ucx_->send_am(ep, std::move(sent), [this, lease = pub.lease_id, ep](ucs_status_t) {
-    on_read_done_locked(lease, ep);
-  });
+  send_read_locked(pub, ep, remote_detail::am_hold_reply, &r, sizeof(r), range);
   // The hold ends with the grant: no release follows. Once every importer's
   // hold has ended the publication retires, and its producer goes once no
   // send reads its memory any more (on_read_done_locked; a completion run
@@ -214,20 +196,33 @@ void remote_core::grant_with_bytes_locked(std::map<std::uint64_t, publication>::
   ucx_->progress();
 }
 
-void remote_core::send_piece_locked(ucp_ep_h ep, const remote_detail::piece& header,
-                                    const void* data, ucx_worker::send_done done) {
+void remote_core::send_with_data_locked(ucp_ep_h ep, unsigned id, const void* header,
+                                        std::size_t header_bytes, const void* data,
+                                        std::uint64_t length, ucx_worker::send_done done) {
   ucx_worker::am_message sent;
-  sent.id = remote_detail::am_piece;
-  const auto* h = reinterpret_cast<const std::byte*>(&header);
-  sent.bytes.assign(h, h + sizeof(header));
-  sent.header_bytes = sizeof(header);
+  sent.id = id;
+  const auto* h = static_cast<const std::byte*>(header);
+  sent.bytes.assign(h, h + header_bytes);
+  sent.header_bytes = header_bytes;
   sent.data = data;
-  sent.data_bytes = header.length;
+  sent.data_bytes = length;
   sent.reply = true;
   // Small pieces go with their message: a rendezvous's extra round trip
   // costs more than copying them through UCX's buffers (docs/remote.md).
-  if (header.length <= eager_piece_bytes) sent.carried_by = ucx_worker::am_message::protocol::eager;
+  if (length <= eager_piece_bytes) sent.carried_by = ucx_worker::am_message::protocol::eager;
   (void)ucx_->send_am(ep, std::move(sent), std::move(done));
+}
+
+void remote_core::send_read_locked(publication& pub, ucp_ep_h ep, unsigned id, const void* header,
+                                   std::size_t header_bytes,
+                                   const remote_detail::piece_range& range) {
+  ++pub.reads_in_flight;
+  ++pub.readers[ep];
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
+  const void* data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
+  send_with_data_locked(
+      ep, id, header, header_bytes, data, range.length,
+      [this, lease = pub.lease_id, ep](ucs_status_t) { on_read_done_locked(lease, ep); });
 }
 
 void remote_core::send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, piece_plan plan,
@@ -295,7 +290,8 @@ void remote_core::gather(tensor_description view, std::uint64_t lease, std::uint
     header.length = bytes;
     auto copy = std::make_shared<tensor>(*std::move(t));
     const void* data = copy->data();
-    self->send_piece_locked(ep, header, data, [copy](ucs_status_t) mutable { copy.reset(); });
+    self->send_with_data_locked(ep, remote_detail::am_piece, &header, sizeof(header), data, bytes,
+                                [copy](ucs_status_t) mutable { copy.reset(); });
     self->ucx_->progress();
   };
   // Under gathers_mutex_: shutdown cancels through the slot.

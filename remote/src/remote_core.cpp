@@ -26,12 +26,6 @@ bool read_message(const void* header, std::size_t length, Message& m) {
   return true;
 }
 
-// The endpoint a message came on, when it was sent with
-// UCP_AM_SEND_FLAG_REPLY; every message of the protocol is.
-ucp_ep_h sender(const ucp_am_recv_param_t* param) {
-  return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
-}
-
 }  // namespace
 
 bool remote_core::native_rma(ucp_ep_h ep) {
@@ -122,7 +116,7 @@ ucs_status_t remote_core::on_am_request(void* arg, const void* header, std::size
   auto* self = static_cast<remote_core*>(arg);
   remote_detail::hold_request m;
   if (!read_message(header, length, m)) return UCS_OK;  // not ours: dropped
-  ucp_ep_h ep = sender(param);
+  ucp_ep_h ep = ucx_worker::reply_endpoint(param);
   if (self->importer_locked(ep) == nullptr) return UCS_OK;  // not through the listener
   self->on_hold_request_locked(m, ep);
   return UCS_OK;
@@ -133,7 +127,7 @@ ucs_status_t remote_core::on_am_release(void* arg, const void* header, std::size
   auto* self = static_cast<remote_core*>(arg);
   remote_detail::hold_release m;
   if (!read_message(header, length, m)) return UCS_OK;
-  ucp_ep_h ep = sender(param);
+  ucp_ep_h ep = ucx_worker::reply_endpoint(param);
   if (self->importer_locked(ep) == nullptr) return UCS_OK;
   self->on_hold_release_locked(m, ep);
   return UCS_OK;

@@ -189,8 +189,14 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void grant_with_bytes_locked(std::map<std::uint64_t, publication>::iterator it,
                                remote_detail::hold_reply& r,
                                const remote_detail::piece_range& range, ucp_ep_h ep);
-  void send_piece_locked(ucp_ep_h ep, const remote_detail::piece& header, const void* data,
-                         ucx_worker::send_done done);
+  // An active message of the protocol, `header` then `length` bytes at
+  // `data` (eagerly up to 64 KiB); `done` runs once UCX no longer reads them.
+  void send_with_data_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t header_bytes,
+                             const void* data, std::uint64_t length, ucx_worker::send_done done);
+  // The same with `range` of `pub`'s memory as the data: a read of the
+  // publication until the send is over (on_read_done_locked).
+  void send_read_locked(publication& pub, ucp_ep_h ep, unsigned id, const void* header,
+                        std::size_t header_bytes, const remote_detail::piece_range& range);
   void send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, remote_detail::piece_plan plan,
                            std::uint64_t count, absl::StatusCode code);
   // A read of the publication's memory is over: a send on `ep`, or a

@@ -41,8 +41,7 @@ bool remote_import::adopt_plan_locked(std::uint8_t plan, std::uint64_t count) {
 
 void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, std::size_t length,
                                     const ucp_am_recv_param_t* param) {
-  const ucp_ep_h from =
-      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  const ucp_ep_h from = ucx_worker::reply_endpoint(param);
   // Only from the exporter asked, only while the bytes are wanted; anything
   // else is dropped (UCX completes a dropped rendezvous for its sender).
   if (endpoint_ == nullptr || from != endpoint_->ep || rma_ || !hold_requested_ || finished_) {

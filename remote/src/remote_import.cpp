@@ -169,8 +169,7 @@ void remote_import::request_hold_locked() {
 
 void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::size_t length,
                                          const ucp_am_recv_param_t* param) {
-  const ucp_ep_h from =
-      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  const ucp_ep_h from = ucx_worker::reply_endpoint(param);
   // Only the exporter asked answers, once.
   if (endpoint_ == nullptr || from != endpoint_->ep || !hold_requested_ || reply_seen_) return;
   reply_seen_ = true;

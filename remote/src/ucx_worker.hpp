@@ -120,6 +120,11 @@ class ucx_worker : public std::enable_shared_from_this<ucx_worker> {
   // an id of max_am_ids or more; Internal when UCX refuses, naming its
   // status.
   absl::Status set_am_handler(unsigned id, ucp_am_recv_callback_t cb, void* arg);
+  // The endpoint to answer a received active message on: its reply
+  // endpoint when sent with UCP_AM_SEND_FLAG_REPLY, else null.
+  static ucp_ep_h reply_endpoint(const ucp_am_recv_param_t* param) noexcept {
+    return (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) != 0 ? param->reply_ep : nullptr;
+  }
   // Messages dropped because no handler claimed their id. Requires the
   // mutex.
   std::uint64_t dropped_messages() const noexcept { return dropped_; }
