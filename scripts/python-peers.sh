@@ -5,7 +5,11 @@
 # left as it is (PEP 668): the environment is made with --system-site-packages,
 # so Debian's pytest serves it, and the pinned peers shadow Debian's old ones.
 #
-#   scripts/python-peers.sh [DIR]      default DIR: build-peers/venv
+#   scripts/python-peers.sh [DIR [REQUIREMENTS]]
+#       default DIR: build-peers/venv, REQUIREMENTS: tests/python/peers-requirements.txt
+#
+# The inference server's clients (tritonclient) have an environment of their
+# own, made the same way from tests/examples/client-requirements.txt.
 #
 # Made once, and again only when the requirements change (a stamp holds their
 # hash). PyTorch's wheel pulls NVIDIA's CUDA libraries: about 6 GB, and a
@@ -14,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv="${1:-build-peers/venv}"
-requirements=tests/python/peers-requirements.txt
+requirements="${2:-tests/python/peers-requirements.txt}"
 want="$(sha256sum "$requirements" | cut -d' ' -f1)"
 stamp="$venv/.dlasync-requirements"
 
@@ -40,6 +44,7 @@ for line in open(sys.argv[1]):
     if not line:
         continue
     name, version = line.split("==")
+    name = name.split("[")[0]  # an extra ("pkg[extra]") is the package's
     got = md.version(name)
     if got != version:
         sys.exit(f"python-peers: {name} is {got} in the environment, {version} was asked for")

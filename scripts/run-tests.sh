@@ -40,15 +40,23 @@ bash scripts/install-deps.sh python3-venv python3-pip python3-setuptools python3
 # array-api-strict) in a virtual environment made once for every build
 # (scripts/python-peers.sh): the Python suite runs with them as well.
 # DLASYNC_PEERS=skip leaves them out, for a machine that cannot reach PyPI.
+# The inference server's REST front is driven by Triton's client library,
+# from an environment of its own (tests/examples/client-requirements.txt).
 peers_python=""
+clients_python=""
 if [ "${DLASYNC_PEERS:-}" = skip ]; then
-  echo "run-tests: DLASYNC_PEERS=skip: the Python suite runs with Debian's peers only"
+  echo "run-tests: DLASYNC_PEERS=skip: the Python suite runs with Debian's peers only," \
+    "and the server's REST tests without tritonclient"
 else
   peers_python="$(bash scripts/python-peers.sh)"
+  clients_python="$(bash scripts/python-peers.sh build-peers/clients \
+    tests/examples/client-requirements.txt)"
 fi
 # Remote imports (remote/) and their two-process tests: UCX, with
 # ucx_perftest for the benchmarks.
 bash scripts/install-deps.sh libucx-dev ucx-utils
+# The inference server's REST front is driven by curl in its tests.
+bash scripts/install-deps.sh curl
 
 build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = address ] && build_dir=build-asan
@@ -67,7 +75,8 @@ fi
 
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=g++-12 -DDLASYNC_SANITIZE="$sanitize" -DDLASYNC_BUILD_BENCH=$bench \
-  -DPYTHON_EXECUTABLE=/usr/bin/python3 -DDLASYNC_PEERS_PYTHON="$peers_python" "${opt[@]}"
+  -DPYTHON_EXECUTABLE=/usr/bin/python3 -DDLASYNC_PEERS_PYTHON="$peers_python" \
+  -DDLASYNC_CLIENTS_PYTHON="$clients_python" "${opt[@]}"
 cmake --build "$build_dir" --parallel "$(nproc)"
 # ASan: LeakSanitizer's suppressions cover UCX's own leaks only.
 if [ "$sanitize" = address ]; then

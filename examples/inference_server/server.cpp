@@ -31,6 +31,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -46,6 +47,8 @@
 #include "common/target.hpp"
 #include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
+#include "http_front.hpp"
+#include "kserve_models.hpp"
 #include "request_handler.hpp"
 #include "server_stats.hpp"
 #include "tcp_front.hpp"
@@ -81,6 +84,13 @@ ABSL_FLAG(double, seconds, 0, "Stop after this many seconds (0: run until SIGINT
 ABSL_FLAG(int, ucx_port, -1,
           "Also serve the same requests over UCX active messages on this port (0 picks a free "
           "one, see --ucx_port_file; -1: no UCX transport). Needs dlasync built with UCX.");
+ABSL_FLAG(int, http_port, -1,
+          "Also serve the Open Inference Protocol (KServe v2) over HTTP/1.1 on this port (0 "
+          "picks a free one, see --http_port_file; -1: no REST front).");
+ABSL_FLAG(std::string, http_port_file, "", "Write the HTTP port to this file once listening.");
+ABSL_FLAG(int, http_max_header_kib, 16,
+          "Largest HTTP request head (request line and headers) accepted, in KiB; a larger one "
+          "gets 431 and the connection is closed.");
 ABSL_FLAG(std::string, ucx_port_file, "", "Write the UCX port to this file once listening.");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports for the UCX listener (UCX_TLS's syntax; empty: UCX's choice).");
@@ -109,6 +119,22 @@ double rss_mib() {
 void print_runtime_stats(const runtime& rt) {
   std::printf("dlasync runtime stats:\n%s\n", to_string(rt.stats()).c_str());
   std::fflush(stdout);
+}
+
+// Opens `acceptor` on --address and `port`, listening.
+asio::error_code listen_on(tcp::acceptor& acceptor, int port) {
+  asio::error_code ec;
+  const tcp::endpoint endpoint(asio::ip::make_address(absl::GetFlag(FLAGS_address), ec),
+                               static_cast<unsigned short>(port));
+  if (!ec) acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::fprintf(stderr, "dlasync_server: cannot listen on %s:%d: %s\n",
+                 absl::GetFlag(FLAGS_address).c_str(), port, ec.message().c_str());
+  }
+  return ec;
 }
 
 int run() {
@@ -159,22 +185,14 @@ int run() {
   };
   server_stats stats;
   tcp_front tcp(handle, memory, limits, stats);
+  kserve::model_handler models(rt, **compute, *target);
+  http_front http(
+      models, memory, limits,
+      static_cast<std::size_t>(std::max(1, absl::GetFlag(FLAGS_http_max_header_kib))) << 10, stats);
 
-  asio::error_code ec;
   // On a strand: the accept loop and its stop touch the acceptor in turn.
   tcp::acceptor acceptor(asio::make_strand(rt.get_executor()));
-  const tcp::endpoint endpoint(asio::ip::make_address(absl::GetFlag(FLAGS_address), ec),
-                               static_cast<unsigned short>(absl::GetFlag(FLAGS_port)));
-  if (!ec) acceptor.open(endpoint.protocol(), ec);
-  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor.bind(endpoint, ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    std::fprintf(stderr, "dlasync_server: cannot listen on %s:%d: %s\n",
-                 absl::GetFlag(FLAGS_address).c_str(), absl::GetFlag(FLAGS_port),
-                 ec.message().c_str());
-    return 2;
-  }
+  if (listen_on(acceptor, absl::GetFlag(FLAGS_port))) return 2;
   const unsigned short port = acceptor.local_endpoint().port();
   std::printf("dlasync server listening on %s:%u, computing on %s\n",
               absl::GetFlag(FLAGS_address).c_str(), port, device_label(rt, *target).c_str());
@@ -237,6 +255,31 @@ int run() {
       },
       [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
   accepting.start();
+  tcp::acceptor http_acceptor(asio::make_strand(rt.get_executor()));
+  std::optional<accept_loop> http_accepting;
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    if (listen_on(http_acceptor, absl::GetFlag(FLAGS_http_port))) {
+      request_stop();
+    } else {
+      const unsigned short http_port = http_acceptor.local_endpoint().port();
+      std::printf("dlasync server listening for HTTP (KServe v2) on %s:%u\n",
+                  absl::GetFlag(FLAGS_address).c_str(), http_port);
+      std::fflush(stdout);
+      if (!absl::GetFlag(FLAGS_http_port_file).empty()) {
+        std::ofstream(absl::GetFlag(FLAGS_http_port_file)) << http_port << "\n";
+      }
+      http_accepting.emplace(
+          http_acceptor, connections, accept_backoff{},
+          [&http](tcp::socket socket, connection_limit::slot slot) {
+            http.serve_connection(std::move(socket), std::move(slot));
+          },
+          [max = connections->max()](tcp::socket& socket) {
+            http_front::refuse_connection(socket, max);
+          },
+          [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
+      http_accepting->start();
+    }
+  }
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
   if (absl::GetFlag(FLAGS_ucx_port) >= 0) {
     ucx_front::options uo;
@@ -292,6 +335,7 @@ int run() {
 #endif
 
   accepting.stop();
+  if (http_accepting) http_accepting->stop();
   asio::post(rt.get_executor(), [&] {
     asio::error_code ignored;
     signals.cancel(ignored);
@@ -299,6 +343,7 @@ int run() {
     deadline.cancel();
   });
   tcp.close_all();
+  http.close_all();
   rt.shutdown();
   const server_stats& s = stats;
   std::printf(
@@ -323,6 +368,11 @@ int run() {
       static_cast<unsigned long long>(connections->refused()), connections->max(),
       connections->peak(), static_cast<unsigned long long>(a.failures.load()),
       static_cast<unsigned long long>(a.bursts.load()));
+  // Every request's body goes back to the budget when its last user, the
+  // imported tensor's DLPack deleter included, lets go of it.
+  std::printf("dlasync server memory budget: %llu bytes in use at the end, of %llu\n",
+              static_cast<unsigned long long>(memory->in_use()),
+              static_cast<unsigned long long>(memory->limit()));
   for (const auto& [code, count] : stats.errors_by_code) {
     std::printf("  errors %s: %llu\n", code.c_str(), static_cast<unsigned long long>(count));
   }

@@ -19,7 +19,7 @@ using got = peer_io::got;
 void tcp_front::serve_connection(tcp::socket socket, connection_limit::slot slot) {
   stats_.connections.fetch_add(1);
   auto shared = std::make_shared<tcp::socket>(std::move(socket));
-  const std::uint64_t id = track(shared);
+  const std::uint64_t id = sessions_.track(shared);
   asio::co_spawn(shared->get_executor(), session(shared, id, std::move(slot)), asio::detached);
 }
 
@@ -35,29 +35,7 @@ void tcp_front::refuse_connection(tcp::socket& socket, std::size_t max_connectio
 }
 
 void tcp_front::close_all() {
-  std::unique_lock lock(mutex_);
-  for (auto& [id, weak] : sessions_) {
-    if (auto s = weak.lock()) {
-      asio::post(s->get_executor(), [s] {
-        asio::error_code ignored;
-        s->shutdown(tcp::socket::shutdown_both, ignored);
-        s->close(ignored);
-      });
-    }
-  }
-  sessions_done_.wait(lock, [&] { return sessions_.empty(); });
-}
-
-std::uint64_t tcp_front::track(const std::shared_ptr<tcp::socket>& s) {
-  std::lock_guard lock(mutex_);
-  sessions_.emplace(++next_session_, s);
-  return next_session_;
-}
-
-void tcp_front::untrack(std::uint64_t id) {
-  std::lock_guard lock(mutex_);
-  sessions_.erase(id);
-  if (sessions_.empty()) sessions_done_.notify_all();
+  sessions_.close_all();
 }
 
 asio::awaitable<void> tcp_front::session(std::shared_ptr<tcp::socket> socket, std::uint64_t id,
@@ -68,7 +46,7 @@ asio::awaitable<void> tcp_front::session(std::shared_ptr<tcp::socket> socket, st
   {
     const connection_limit::slot closed = std::move(slot);  // its descriptor is free again
   }
-  untrack(id);
+  sessions_.untrack(id);
 }
 
 asio::awaitable<bool> tcp_front::reply(peer_io& peer, const response& r) {

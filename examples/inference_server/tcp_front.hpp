@@ -19,12 +19,9 @@
 // waits, so not from the executor's threads.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 
 #include "asio/awaitable.hpp"
 #include "asio/ip/tcp.hpp"
@@ -33,6 +30,7 @@
 #include "frame.hpp"
 #include "peer_io.hpp"
 #include "server_stats.hpp"
+#include "session_set.hpp"
 
 namespace dlasync::examples {
 
@@ -58,8 +56,6 @@ class tcp_front {
   void close_all();
 
  private:
-  std::uint64_t track(const std::shared_ptr<asio::ip::tcp::socket>& s);
-  void untrack(std::uint64_t id);
   asio::awaitable<void> session(std::shared_ptr<asio::ip::tcp::socket> socket, std::uint64_t id,
                                 connection_limit::slot slot);
   asio::awaitable<bool> reply(peer_io& peer, const response& r);
@@ -75,10 +71,7 @@ class tcp_front {
   std::shared_ptr<memory_budget> budget_;
   const server_limits limits_;
   server_stats& stats_;
-  std::mutex mutex_;
-  std::condition_variable sessions_done_;
-  std::map<std::uint64_t, std::weak_ptr<asio::ip::tcp::socket>> sessions_;
-  std::uint64_t next_session_ = 0;
+  session_set sessions_;
 };
 
 }  // namespace dlasync::examples

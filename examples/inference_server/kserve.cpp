@@ -1,0 +1,77 @@
+#include "kserve.hpp"
+
+#include <array>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlasync::examples::kserve {
+namespace {
+
+// The protocol's datatypes with a fixed element size, as DLPack dtypes.
+constexpr std::array<std::pair<absl::string_view, dtype>, 13> datatypes{{
+    {"BOOL", dtypes::bool8},
+    {"UINT8", dtypes::uint8},
+    {"UINT16", dtypes::uint16},
+    {"UINT32", dtypes::uint32},
+    {"UINT64", dtypes::uint64},
+    {"INT8", dtypes::int8},
+    {"INT16", dtypes::int16},
+    {"INT32", dtypes::int32},
+    {"INT64", dtypes::int64},
+    {"FP16", dtypes::float16},
+    {"FP32", dtypes::float32},
+    {"FP64", dtypes::float64},
+    {"BF16", dtypes::bfloat16},
+}};
+
+}  // namespace
+
+absl::StatusOr<dtype> dtype_of(absl::string_view datatype) {
+  for (const auto& [name, type] : datatypes) {
+    if (name == datatype) return type;
+  }
+  if (datatype == "BYTES") {
+    return absl::InvalidArgumentError(
+        "datatype BYTES is not taken by any model here: its elements have no fixed size; send "
+        "numbers as one of BOOL, UINT8-64, INT8-64, FP16, FP32, FP64 or BF16");
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "datatype \"", clip(datatype),
+      "\" is not one the protocol defines: use BOOL, UINT8, UINT16, UINT32, UINT64, INT8, "
+      "INT16, INT32, INT64, FP16, FP32, FP64 or BF16"));
+}
+
+std::optional<absl::string_view> datatype_of(dtype t) noexcept {
+  for (const auto& [name, type] : datatypes) {
+    if (type == t) return name;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::uint64_t> element_count(std::span<const std::int64_t> shape) noexcept {
+  std::uint64_t count = 1;
+  for (const std::int64_t extent : shape) {
+    if (extent < 0) return std::nullopt;
+    if (__builtin_mul_overflow(count, static_cast<std::uint64_t>(extent), &count)) {
+      return std::nullopt;
+    }
+  }
+  return count;
+}
+
+std::optional<std::uint64_t> byte_size(dtype type, std::span<const std::int64_t> shape) noexcept {
+  const std::optional<std::uint64_t> count = element_count(shape);
+  std::uint64_t bytes = 0;
+  if (!count || __builtin_mul_overflow(*count, std::uint64_t{type.padded_size()}, &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
+std::string clip(absl::string_view text, std::size_t max) {
+  if (text.size() <= max) return std::string(text);
+  return absl::StrCat(text.substr(0, max), "...");
+}
+
+}  // namespace dlasync::examples::kserve

@@ -1,0 +1,100 @@
+// The Open Inference Protocol (KServe v2) as the inference server speaks it,
+// whichever front carried the request: its datatypes, and the requests,
+// responses and metadata in memory. The JSON encoding is kserve_json.hpp;
+// the models that answer are kserve_models.hpp.
+//
+// An input's bytes are not copied out of the message that carried them: an
+// input_tensor points into a buffer that its `owner` keeps alive (the
+// request's body), or into the buffer its JSON `data` was converted into.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/statusor.h"
+#include "dlasync/dlasync.hpp"
+
+namespace dlasync::examples::kserve {
+
+// The dtype of a protocol datatype ("FP32", "INT64", "BOOL", ...).
+//   InvalidArgument  a name the protocol does not define, or BYTES, which no
+//                    model here takes (its elements have no fixed size).
+absl::StatusOr<dtype> dtype_of(absl::string_view datatype);
+
+// The protocol's name for `t`; empty for a dtype it has no name for.
+std::optional<absl::string_view> datatype_of(dtype t) noexcept;
+
+// Elements in `shape`, and the bytes they take as `type`; empty when an
+// extent is negative or the count or size overflows 64 bits.
+std::optional<std::uint64_t> element_count(std::span<const std::int64_t> shape) noexcept;
+std::optional<std::uint64_t> byte_size(dtype type, std::span<const std::int64_t> shape) noexcept;
+
+// An input or output as model metadata states it: -1 in `shape` takes any
+// extent.
+struct tensor_spec {
+  std::string name;
+  std::string datatype;
+  std::vector<std::int64_t> shape;
+};
+
+struct model_metadata {
+  std::string name;
+  std::vector<std::string> versions;
+  std::string platform;
+  std::vector<tensor_spec> inputs;
+  std::vector<tensor_spec> outputs;
+};
+
+// One input of a request: compact, row-major, host memory that `owner` keeps.
+struct input_tensor {
+  std::string name;
+  std::string datatype;
+  dtype type;
+  std::vector<std::int64_t> shape;
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+  std::shared_ptr<void> owner;
+};
+
+// An output the request asks for; `binary` is its binary_data parameter.
+struct output_request {
+  std::string name;
+  std::optional<bool> binary;
+};
+
+struct infer_request {
+  std::string id;
+  std::string model;
+  std::string version;  // empty: the model's only version
+  std::vector<input_tensor> inputs;
+  std::vector<output_request> outputs;  // empty: every output
+  bool binary_outputs = false;          // the binary_data_output parameter
+};
+
+// One output: compact host bytes, kept by `owner`.
+struct output_tensor {
+  std::string name;
+  std::string datatype;
+  std::vector<std::int64_t> shape;
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> owner;
+  bool binary = false;
+};
+
+struct infer_response {
+  std::string model;
+  std::string version;
+  std::string id;
+  std::vector<output_tensor> outputs;
+};
+
+// `text` cut to at most `max` bytes, with "..." when cut: a name a client
+// sent, quoted in an error.
+std::string clip(absl::string_view text, std::size_t max = 64);
+
+}  // namespace dlasync::examples::kserve

@@ -1,0 +1,288 @@
+#include <cstring>
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "http_parse.hpp"
+#include "kserve.hpp"
+#include "kserve_json.hpp"
+#include "support/test_tensors.hpp"
+
+namespace dlasync::examples::kserve {
+namespace {
+
+using dlasync::testing::require_status;
+
+// A body of `json` followed by `binary`, as the binary extension sends it.
+request_body body_of(const std::string& json, const std::string& binary = "",
+                     bool with_header_length = false) {
+  request_body b;
+  b.length = json.size() + binary.size();
+  b.bytes = std::shared_ptr<std::byte[]>(new std::byte[std::max<std::size_t>(b.length, 1)]);
+  std::memcpy(b.bytes.get(), json.data(), json.size());
+  std::memcpy(b.bytes.get() + json.size(), binary.data(), binary.size());
+  if (with_header_length) b.header_length = json.size();
+  return b;
+}
+
+std::string floats_bytes(std::initializer_list<float> v) {
+  std::string s(v.size() * sizeof(float), '\0');
+  std::memcpy(s.data(), std::data(v), s.size());
+  return s;
+}
+
+TEST_CASE("every fixed-size datatype of the protocol maps to a dtype and back",
+          "[examples][kserve]") {
+  for (const char* name : {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                           "INT64", "FP16", "FP32", "FP64", "BF16"}) {
+    INFO(name);
+    absl::StatusOr<dtype> t = dtype_of(name);
+    REQUIRE(t.ok());
+    CHECK(datatype_of(*t) == absl::string_view(name));
+  }
+  CHECK(*dtype_of("BF16") == dtypes::bfloat16);
+  CHECK(*dtype_of("BOOL") == dtypes::bool8);
+  require_status(dtype_of("BYTES").status(), absl::StatusCode::kInvalidArgument,
+                 {"BYTES", "no fixed size"});
+  require_status(dtype_of("FP8").status(), absl::StatusCode::kInvalidArgument, {"\"FP8\"", "FP32"});
+  CHECK_FALSE(datatype_of(dtypes::complex64).has_value());
+}
+
+TEST_CASE("sizes overflow into an error, not a wrapped count", "[examples][kserve]") {
+  const std::vector<std::int64_t> huge{std::int64_t{1} << 40, std::int64_t{1} << 30};
+  CHECK_FALSE(byte_size(dtypes::float32, huge).has_value());
+  const std::vector<std::int64_t> fine{3, 5};
+  CHECK(byte_size(dtypes::float64, fine) == 120);
+}
+
+TEST_CASE("JSON data becomes the input's bytes, nested or flat", "[examples][kserve]") {
+  memory_budget budget(1 << 20);
+  {
+    absl::StatusOr<infer_request> r = parse_infer_request(
+        body_of(R"({"id":"7","inputs":[{"name":"INPUT0","shape":[2,2],"datatype":"FP32",)"
+                R"("data":[[1,2.5],[3,-4]]},{"name":"B","shape":[3],"datatype":"BOOL",)"
+                R"("data":[true,false,true]}],"outputs":[{"name":"O","parameters":)"
+                R"({"binary_data":true}}]})"),
+        "sum", "", budget);
+    REQUIRE(r.ok());
+    CHECK(r->id == "7");
+    CHECK(r->model == "sum");
+    REQUIRE(r->inputs.size() == 2);
+    const input_tensor& in = r->inputs[0];
+    CHECK(in.type == dtypes::float32);
+    CHECK(in.bytes == 16);
+    float v[4];
+    std::memcpy(v, in.data, sizeof v);
+    CHECK(v[0] == 1.0F);
+    CHECK(v[1] == 2.5F);
+    CHECK(v[3] == -4.0F);
+    CHECK(static_cast<int>(r->inputs[1].data[1]) == 0);
+    CHECK(static_cast<int>(r->inputs[1].data[2]) == 1);
+    REQUIRE(r->outputs.size() == 1);
+    CHECK(r->outputs[0].binary == true);
+    CHECK(budget.in_use() == 19);  // the converted buffers, held by the inputs
+  }
+  CHECK(budget.in_use() == 0);
+}
+
+TEST_CASE("binary data is located in the body, never copied", "[examples][kserve]") {
+  memory_budget budget(1 << 20);
+  const std::string json = R"({"inputs":[{"name":"INPUT0","shape":[2],"datatype":"FP32",)"
+                           R"("parameters":{"binary_data_size":8}}]})";
+  request_body body = body_of(json, floats_bytes({1.5F, 2.5F}), true);
+  absl::StatusOr<infer_request> r = parse_infer_request(body, "sum", "1", budget);
+  REQUIRE(r.ok());
+  CHECK(r->inputs[0].data == body.bytes.get() + json.size());
+  CHECK(r->version == "1");
+  CHECK(budget.in_use() == 0);
+}
+
+TEST_CASE("malformed requests are refused by name", "[examples][kserve]") {
+  memory_budget budget(1 << 20);
+  const auto refused = [&](const request_body& b, std::initializer_list<const char*> words,
+                           absl::StatusCode code = absl::StatusCode::kInvalidArgument) {
+    absl::StatusOr<infer_request> r = parse_infer_request(b, "sum", "", budget);
+    require_status(r.status(), code, words);
+  };
+  SECTION("not JSON") {
+    refused(body_of("{\"inputs\":["), {"not JSON"});
+  }
+  SECTION("wrong types") {
+    refused(body_of(R"({"inputs":{}})"), {"\"inputs\"", "object", "array"});
+    refused(body_of(R"({"id":3,"inputs":[]})"), {"\"id\"", "number", "string"});
+    refused(body_of(R"({"inputs":[{"name":1}]})"), {"inputs[0]", "\"name\""});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":"2","data":[1]}]})"),
+            {"shape of input A", "string", "array"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[-2],"data":[]}]})"),
+            {"-2", ">= 0"});
+  }
+  SECTION("datatypes") {
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"BYTES","shape":[1],"data":["x"]}]})"),
+            {"input A", "BYTES"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"INT8","shape":[1],"data":[300]}]})"),
+            {"element 0 of input A", "300", "INT8"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"INT32","shape":[1],"data":[1.5]}]})"),
+            {"1.5", "INT32"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"BOOL","shape":[1],"data":[1]}]})"),
+            {"not a BOOL"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP16","shape":[1],"data":[1]}]})"),
+            {"FP16", "binary_data_size"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":[1e300]}]})"),
+            {"past the range of FP32"});
+  }
+  SECTION("element counts") {
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[3],"data":[1,2]}]})"),
+            {"holds 2 elements", "[3]", "has 3"});
+    refused(
+        body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[2],"data":[[[1]],[2]]}]})"),
+        {"nests arrays deeper"});
+    // A shape past the budget is refused before anything is converted.
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[4194304],"data":[]}]})"),
+            {"holds 0 elements"});
+    refused(
+        body_of(
+            R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1099511627776,1099511627776],"data":[]}]})"),
+        {"overflows 64 bits"});
+  }
+  SECTION("the budget bounds converted data") {
+    memory_budget small(8);
+    absl::StatusOr<infer_request> r = parse_infer_request(
+        body_of(R"({"inputs":[{"name":"A","datatype":"FP64","shape":[2],"data":[1,2]}]})"), "sum",
+        "", small);
+    require_status(r.status(), absl::StatusCode::kResourceExhausted, {"16 bytes", "budget"});
+    CHECK(small.in_use() == 0);
+  }
+  SECTION("binary sizes") {
+    const std::string json = R"({"inputs":[{"name":"A","shape":[2,2],"datatype":"FP32",)"
+                             R"("parameters":{"binary_data_size":12}}]})";
+    // shape x datatype disagrees with binary_data_size
+    refused(body_of(json, std::string(12, 'x'), true), {"12 bytes", "[2,2]", "takes 16"});
+    const std::string json16 = R"({"inputs":[{"name":"A","shape":[2,2],"datatype":"FP32",)"
+                               R"("parameters":{"binary_data_size":16}}]})";
+    refused(body_of(json16, std::string(8, 'x'), true), {"runs past the body"});
+    refused(body_of(json16, std::string(20, 'x'), true), {"4 bytes after", "no input claims"});
+    refused(body_of(json16, "", false), {"no Inference-Header-Content-Length"});
+    request_body past = body_of(json16, std::string(16, 'x'), true);
+    past.header_length = past.length + 1;
+    refused(past, {"Inference-Header-Content-Length is", "past the body"});
+    refused(body_of(R"({"inputs":[{"name":"A","shape":[1],"datatype":"FP32",)"
+                    R"("parameters":{"binary_data_size":-4}}]})",
+                    "", true),
+            {"binary_data_size of input A", "integer >= 0"});
+  }
+  SECTION("names and regions") {
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":[1]},)"
+                    R"({"name":"A","datatype":"FP32","shape":[1],"data":[1]}]})"),
+            {"input A is given twice"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1],)"
+                    R"("parameters":{"shared_memory_region":"r"}}]})"),
+            {"shared-memory"});
+    refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1]}]})"),
+            {"neither \"data\" nor"});
+  }
+  CHECK(budget.in_use() == 0);
+}
+
+TEST_CASE("responses encode JSON data or binary data with its size", "[examples][kserve]") {
+  infer_response r;
+  r.model = "echo";
+  r.version = "1";
+  r.id = "a";
+  const std::string f = floats_bytes({0.5F, -2.0F});
+  const std::int64_t i64[2] = {-3, 1LL << 40};
+  r.outputs.push_back(
+      {"OUTPUT0", "FP32", {2}, {reinterpret_cast<const std::byte*>(f.data()), 8}, nullptr, false});
+  r.outputs.push_back({"OUTPUT1",
+                       "INT64",
+                       {2},
+                       {reinterpret_cast<const std::byte*>(i64), sizeof i64},
+                       nullptr,
+                       true});
+  encoded_response e = encode_infer_response(r);
+  CHECK(e.json ==
+        R"({"id":"a","model_name":"echo","model_version":"1","outputs":[{"data":[0.5,-2.0],)"
+        R"("datatype":"FP32","name":"OUTPUT0","shape":[2]},{"datatype":"INT64","name":"OUTPUT1",)"
+        R"("parameters":{"binary_data_size":16},"shape":[2]}]})");
+  REQUIRE(e.binary.size() == 1);
+  CHECK(e.binary[0].size() == 16);
+  CHECK(encode_error("bad \xff byte") == "{\"error\":\"bad \xEF\xBF\xBD byte\"}");
+}
+
+}  // namespace
+}  // namespace dlasync::examples::kserve
+
+namespace dlasync::examples {
+namespace {
+
+std::size_t feed_all(http_parse& p, const std::string& text, std::size_t from = 0) {
+  return p.feed(text.data() + from, text.size() - from);
+}
+
+TEST_CASE("pipelined requests are read one at a time, each head before its body",
+          "[examples][http]") {
+  const std::string two =
+      "POST /v2/models/sum/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+      "Inference-Header-Content-Length: 5 \r\n\r\nhelloGET /v2/health/live HTTP/1.1\r\n\r\n";
+  http_parse p(1024, 1024);
+  std::size_t at = feed_all(p, two);
+  REQUIRE(p.at() == http_parse::stage::head_done);
+  CHECK(p.head().method == "POST");
+  CHECK(p.head().path() == "/v2/models/sum/infer");
+  CHECK(p.head().content_length == 5);
+  REQUIRE(p.head().header("inference-header-content-length") != nullptr);
+  CHECK(*p.head().header("inference-header-content-length") == "5");
+  CHECK(p.body_received() == 0);  // nothing of the body is taken yet
+  std::byte body[5];
+  p.body_into(body);
+  p.go_on();
+  at += feed_all(p, two, at);
+  REQUIRE(p.at() == http_parse::stage::complete);
+  CHECK(std::memcmp(body, "hello", 5) == 0);
+  p.next();
+  at += feed_all(p, two, at);
+  REQUIRE(p.at() == http_parse::stage::head_done);
+  CHECK(p.head().method == "GET");
+  CHECK_FALSE(p.head().content_length.has_value());
+  p.go_on();
+  at += feed_all(p, two, at);
+  CHECK(p.at() == http_parse::stage::complete);
+  CHECK(at == two.size());
+}
+
+TEST_CASE("a chunked body is gathered up to its limit", "[examples][http]") {
+  const std::string head = "POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string chunks = "3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+  {
+    http_parse p(1024, 5);
+    std::size_t at = feed_all(p, head + chunks);
+    REQUIRE(p.at() == http_parse::stage::head_done);
+    CHECK(p.head().chunked);
+    p.go_on();
+    feed_all(p, head + chunks, at);
+    REQUIRE(p.at() == http_parse::stage::complete);
+    CHECK(p.chunked_body().size() == 5);
+  }
+  http_parse small(1024, 4);
+  const std::size_t at = feed_all(small, head + chunks);
+  small.go_on();
+  feed_all(small, head + chunks, at);
+  CHECK(small.at() == http_parse::stage::failed);
+  CHECK(small.body_too_large());
+}
+
+TEST_CASE("a head past the limit, or malformed, fails the parse", "[examples][http]") {
+  http_parse p(64, 1024);
+  feed_all(p, "GET /v2 HTTP/1.1\r\nX-Long: " + std::string(100, 'a'));
+  CHECK(p.at() == http_parse::stage::failed);
+  CHECK(p.head_too_large());
+  http_parse bad(1024, 1024);
+  feed_all(bad, "GET /v2 HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n");
+  CHECK(bad.at() == http_parse::stage::failed);
+  CHECK_FALSE(bad.error().empty());
+  http_parse smuggled(1024, 1024);
+  feed_all(smuggled,
+           "POST /v2 HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n");
+  CHECK(smuggled.at() == http_parse::stage::failed);
+}
+
+}  // namespace
+}  // namespace dlasync::examples
