@@ -55,8 +55,9 @@ fi
 # Remote imports (remote/) and their two-process tests: UCX, with
 # ucx_perftest for the benchmarks.
 bash scripts/install-deps.sh libucx-dev ucx-utils
-# The inference server's REST front is driven by curl in its tests.
-bash scripts/install-deps.sh curl
+# The inference server's REST front is driven by curl in its tests, and by
+# h2load in its benchmark's smoke run.
+bash scripts/install-deps.sh curl nghttp2-client
 
 build_dir=build${sanitize:+-$sanitize}
 [ "$sanitize" = address ] && build_dir=build-asan

@@ -39,6 +39,8 @@ constexpr std::size_t read_buffer_bytes = std::size_t{64} * 1024;
 // A chunked body takes the memory budget in steps of this many bytes.
 constexpr std::uint64_t chunked_step = std::uint64_t{64} * 1024;
 constexpr std::array<absl::string_view, 1> extensions{"binary_tensor_data"};
+// Where a body's binary data starts, in its buffer.
+constexpr std::uint64_t body_alignment = 64;
 
 absl::string_view reason(int status) {
   switch (status) {
@@ -313,9 +315,17 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
                                absl::StrCat("a body of ", length, " bytes: ", granted.message()),
                                true);
       }
-      body = std::shared_ptr<std::byte[]>(new std::byte[std::max<std::uint64_t>(length, 1)],
-                                          [b = front_.budget_, length](std::byte* p) {
-                                            delete[] p;
+      // The binary data after the JSON starts on a 64-byte boundary, so that
+      // the first input is imported as a view rather than copied to align
+      // it: the JSON's length is known from the head.
+      std::uint64_t pad = 0;
+      if (const std::string* h = head.header("inference-header-content-length")) {
+        pad = (body_alignment - parse_length(*h).value_or(0) % body_alignment) % body_alignment;
+      }
+      auto* block = new std::byte[length + pad];
+      body = std::shared_ptr<std::byte[]>(block + pad,
+                                          [b = front_.budget_, length, pad](std::byte* p) {
+                                            delete[](p - pad);
                                             b->release(length);
                                           });
       parse_.body_into(body.get());

@@ -124,19 +124,27 @@ def test_binary_inputs_and_outputs_round_trip_through_echo():
                     "data": [-1, 2**40, 7]}
 
 
-def test_binary_data_after_json_of_odd_length_is_summed():
-    # The JSON's length makes the floats misaligned in the body: the import
-    # copies them to aligned memory before the sum reads them.
-    values = struct.pack("<4f", 1.5, 2.5, 3.0, 4.0)
-    for pad in range(4):
+def test_binary_data_after_json_of_any_length_is_read_right():
+    # The server places the body so that the first input's bytes are
+    # aligned, whatever the JSON's length; the second input here follows 12
+    # bytes of FP32, misaligned for INT64: the import copies it to aligned
+    # memory before the model reads it.
+    a = struct.pack("<3f", 1.5, 2.5, 3.0)
+    b = struct.pack("<2q", -7, 2**62)
+    for pad in range(9):
         body, hlen = infer_body(
-            [{"name": "INPUT0", "shape": [4], "datatype": "FP32",
-              "parameters": {"binary_data_size": 16}}], binary=(values,))
+            [{"name": "INPUT0", "shape": [1, 3], "datatype": "FP32",
+              "parameters": {"binary_data_size": 12}},
+             {"name": "INPUT1", "shape": [2], "datatype": "INT64",
+              "parameters": {"binary_data_size": 16}}],
+            outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT1"}], binary=(a, b))
         body = b" " * pad + body
-        status, _, reply = exchange("POST", "/v2/models/sum/infer", body,
+        status, _, reply = exchange("POST", "/v2/models/echo/infer", body,
                                     {"Inference-Header-Content-Length": hlen + pad})
         assert status == 200, reply
-        assert json.loads(reply)["outputs"][0]["data"] == [11.0]
+        out0, out1 = json.loads(reply)["outputs"]
+        assert out0["data"] == [1.5, 2.5, 3.0]
+        assert out1["data"] == [-7, 2**62]
 
 
 def test_pipelined_requests_are_answered_in_order_on_one_connection():

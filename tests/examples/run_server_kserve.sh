@@ -103,4 +103,22 @@ grep -Eq '^dlasync server memory budget: 0 bytes in use at the end' "$dir/server
 imports=$(tail -n 4 "$dir/server.out" | grep '^imports: ')
 grep -Eq '^imports: 0 in flight, 0 waiting for budget; [0-9]+ views, [0-9]+ copies' <<<"$imports" ||
   fail "the final runtime stats are not settled: $imports"
+
+# More connections than --max_connections: the one over gets 503 at once.
+"$server" --port=0 --http_port=0 --http_port_file="$dir/http_port2" --max_connections=1 \
+  "$@" >"$dir/server2.out" 2>&1 &
+server_pid=$!
+for _ in $(seq 1 300); do
+  [ -s "$dir/http_port2" ] && break
+  sleep 0.1
+done
+[ -s "$dir/http_port2" ] || fail "the second server did not start listening for HTTP"
+url="127.0.0.1:$(cat "$dir/http_port2")"
+exec 3<>"/dev/tcp/127.0.0.1/$(cat "$dir/http_port2")"  # holds the only connection
+sleep 0.3
+expect GET /v2/health/live 503 '"error":"the server holds 1 connections at once \(--max_connections\)'
+exec 3>&-
+kill -TERM "$server_pid"
+wait "$server_pid" || fail "the second server exited with $?"
+server_pid=""
 echo "PASSED"
