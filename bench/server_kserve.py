@@ -6,6 +6,8 @@ in the same run, interleaved round by round:
   imported from the body where it landed) against a plain loopback TCP copy
   of the same bytes: one client sends them to a sink that reads them into
   one buffer and answers one byte, the same client code for both;
+- the same tensor from a registered system shared-memory region, against
+  the binary REST rate;
 - small requests (1 KiB of FP32 to `sum`, binary) against the server's own
   GET /v2/health/live, driven by h2load (nghttp2-client) over HTTP/1.1, with
   latency percentiles from its per-request log.
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from multiprocessing import shared_memory
 
 
 def start_server(build, work):
@@ -35,7 +38,7 @@ def start_server(build, work):
     server = subprocess.Popen(
         [os.path.join(build, "examples", "dlasync_server"), "--port=0", "--http_port=0",
          f"--http_port_file={port_file}", "--device=cpu", "--max_frame_mib=64",
-         "--memory_budget_mib=512", "--connection_budget_mib=256"],
+         "--memory_budget_mib=512", "--connection_budget_mib=256", "--allow_client_shm"],
         stdout=open(os.path.join(work, "server.out"), "w"), stderr=subprocess.STDOUT)
     for _ in range(300):
         if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
@@ -91,6 +94,25 @@ def read_response(sock):
     while len(rest) < length:
         rest += sock.recv(65536)
     return int(head.split(b" ")[1]), rest[:length]
+
+
+def shm_rate(server_port, region, size, requests):
+    """Bytes per second of requests that name `size` bytes of a registered region."""
+    doc = json.dumps({"inputs": [{"name": "INPUT0", "shape": [size // 4], "datatype": "FP32",
+                                  "parameters": {"shared_memory_region": region,
+                                                 "shared_memory_byte_size": size}}]}).encode()
+    head = (f"POST /v2/models/sum/infer HTTP/1.1\r\nHost: b\r\n"
+            f"Content-Length: {len(doc)}\r\n\r\n").encode() + doc
+    with socket.create_connection(("127.0.0.1", server_port)) as s:
+        s.sendall(head)
+        status, body = read_response(s)
+        assert status == 200, body
+        start = time.perf_counter()
+        for _ in range(requests):
+            s.sendall(head)
+            status, body = read_response(s)
+            assert status == 200, body
+        return size * requests / (time.perf_counter() - start)
 
 
 def large_rates(server_port, sink_port, payload, requests):
@@ -172,14 +194,31 @@ def main():
     sink, sink_port = start_sink()
     try:
         payload = struct.pack("<f", 0.5) * (args.mib << 18)
-        print(f"{args.mib} MiB binary requests to sum, against a plain loopback TCP copy")
-        print("round  REST MB/s  plain MB/s  REST/plain")
+        segment = shared_memory.SharedMemory(create=True, size=len(payload))
+        segment.buf[:] = payload
+        doc = json.dumps({"key": "/" + segment.name, "offset": 0,
+                          "byte_size": len(payload)}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((f"POST /v2/systemsharedmemory/region/bench/register HTTP/1.1\r\n"
+                       f"Content-Length: {len(doc)}\r\n\r\n").encode() + doc)
+            status, body = read_response(s)
+            assert status == 200, body
+        print(f"{args.mib} MiB binary requests to sum, against a plain loopback TCP copy, and "
+              f"the same tensor from system shared memory")
+        print("round  REST MB/s  plain MB/s  REST/plain  shm MB/s  shm/REST")
         ratios = []
+        shm_ratios = []
         for r in range(args.rounds):
             rest, plain = large_rates(port, sink_port, payload, args.requests)
+            shm = shm_rate(port, "bench", len(payload), args.requests)
             ratios.append(rest / plain)
-            print(f"{r + 1:5d}  {rest / 1e6:9.0f}  {plain / 1e6:10.0f}  {rest / plain:10.2f}")
+            shm_ratios.append(shm / rest)
+            print(f"{r + 1:5d}  {rest / 1e6:9.0f}  {plain / 1e6:10.0f}  {rest / plain:10.2f}  "
+                  f"{shm / 1e6:8.0f}  {shm / rest:8.2f}")
         print(f"median REST/plain {spread(ratios)} over {args.rounds} rounds")
+        print(f"median shm/REST {spread(shm_ratios)} over {args.rounds} rounds")
+        segment.close()
+        segment.unlink()
 
         if shutil.which("h2load") is None:
             print("small requests: h2load is missing (apt-get install nghttp2-client)")

@@ -47,9 +47,11 @@ absl::string_view reason(int status) {
     case 100: return "Continue";
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 408: return "Request Timeout";
+    case 409: return "Conflict";
     case 413: return "Content Too Large";
     case 417: return "Expectation Failed";
     case 429: return "Too Many Requests";
@@ -120,7 +122,9 @@ int http_front::http_status(absl::StatusCode code) {
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange: return 400;
+    case absl::StatusCode::kPermissionDenied: return 403;
     case absl::StatusCode::kNotFound: return 404;
+    case absl::StatusCode::kAlreadyExists: return 409;
     case absl::StatusCode::kResourceExhausted: return 429;
     case absl::StatusCode::kUnimplemented: return 501;
     case absl::StatusCode::kUnavailable:
@@ -229,8 +233,9 @@ std::optional<http_front::reply> http_front::connection::refuse_early(const http
   const auto not_found = [&] {
     return reply::error(absl::NotFoundError(
         absl::StrCat("no endpoint ", kserve::clip(head.path()),
-                     " here: the server serves /v2, /v2/health/{live,ready} and "
-                     "/v2/models/{model}[/versions/{version}][/ready|/infer]")));
+                     " here: the server serves /v2, /v2/health/{live,ready}, "
+                     "/v2/models/{model}[/versions/{version}][/ready|/infer] and "
+                     "/v2/systemsharedmemory[/region/{name}]/{status,register,unregister}")));
   };
   const auto only = [&](absl::string_view method) -> std::optional<reply> {
     if (head.method == method) return std::nullopt;
@@ -244,6 +249,15 @@ std::optional<http_front::reply> http_front::connection::refuse_early(const http
   if (parts.size() == 1) return only("GET");
   if (parts[1] == "health") {
     if (parts.size() == 3 && (parts[2] == "live" || parts[2] == "ready")) return only("GET");
+    return not_found();
+  }
+  if (parts[1] == "systemsharedmemory") {
+    // [/region/{r}]/status, [/region/{r}]/unregister, /region/{r}/register
+    const bool region = parts.size() == 5 && parts[2] == "region";
+    if (parts.size() != 3 && !region) return not_found();
+    if (parts.back() == "status") return only("GET");
+    if (parts.back() == "unregister") return only("POST");
+    if (region && parts.back() == "register") return only("POST");
     return not_found();
   }
   if (parts[1] != "models" || parts.size() < 3) return not_found();
@@ -495,6 +509,10 @@ asio::awaitable<http_front::reply> http_front::route(const http_head& head,
         kserve::encode_server_metadata("dlasync", DLASYNC_SERVER_VERSION, extensions));
   }
   if (parts[1] == "health") co_return reply{};
+  if (parts[1] == "systemsharedmemory") {
+    co_return shared_memory(head,
+                            absl::string_view(reinterpret_cast<const char*>(body.get()), length));
+  }
   const absl::string_view model = parts[2];
   const absl::string_view version = parts.size() >= 5 && parts[3] == "versions" ? parts[4] : "";
   const absl::string_view action = parts.size() % 2 == 0 ? parts.back() : "";
@@ -522,14 +540,47 @@ asio::awaitable<http_front::reply> http_front::infer(const http_head& head, absl
       kserve::parse_infer_request(request, model, version, *budget_);
   request.bytes.reset();  // the inputs keep what they view
   if (!parsed.ok()) co_return reply::error(parsed.status());
+  const absl::Status read = kserve::read_inputs(*parsed, shm_, *budget_);
+  if (!read.ok()) co_return reply::error(read);
   absl::StatusOr<kserve::infer_response> answered = co_await models_.infer(*std::move(parsed));
   if (!answered.ok()) co_return reply::error(answered.status());
+  const absl::Status written = kserve::write_outputs(*answered, shm_);
+  if (!written.ok()) co_return reply::error(written);
   auto kept = std::make_shared<const kserve::infer_response>(*std::move(answered));
   kserve::encoded_response encoded = kserve::encode_infer_response(*kept);
   reply r = reply::ok(std::move(encoded.json));
   r.binary = std::move(encoded.binary);
   r.owner = std::move(kept);
   co_return r;
+}
+
+}  // namespace dlasync::examples
+
+namespace dlasync::examples {
+
+http_front::reply http_front::shared_memory(const http_head& head, absl::string_view body) {
+  const std::vector<std::string> parts = absl::StrSplit(head.path().substr(1), '/');
+  std::optional<std::string> region;
+  if (parts.size() == 5) region = parts[3];
+  const std::string& action = parts.back();
+  if (action == "status") {
+    absl::StatusOr<std::vector<kserve::shm_region_info>> regions = shm_.status(region);
+    if (!regions.ok()) return reply::error(regions.status());
+    return reply::ok(kserve::encode_shm_status(*regions));
+  }
+  if (action == "unregister") {
+    if (!region) {
+      if (!shm_.allowed()) return reply::error(shm_.status(std::nullopt).status());
+      shm_.remove_all();
+      return reply{};
+    }
+    const absl::Status removed = shm_.remove(*region);
+    return removed.ok() ? reply{} : reply::error(removed);
+  }
+  absl::StatusOr<kserve::shm_region_info> info = kserve::parse_shm_register(body, *region);
+  if (!info.ok()) return reply::error(info.status());
+  const absl::Status added = shm_.add(info->name, info->key, info->offset, info->byte_size);
+  return added.ok() ? reply{} : reply::error(added);
 }
 
 }  // namespace dlasync::examples

@@ -6,6 +6,11 @@
 //   GET  /v2/models/{m}[/versions/{v}]             model metadata
 //   GET  /v2/models/{m}[/versions/{v}]/ready       200, or 404 naming the models
 //   POST /v2/models/{m}[/versions/{v}]/infer       inference (kserve_json.hpp)
+//   GET  /v2/systemsharedmemory[/region/{r}]/status       the system
+//   POST /v2/systemsharedmemory/region/{r}/register       shared-memory
+//   POST /v2/systemsharedmemory[/region/{r}]/unregister   extension
+//                                                  (shm_registry.hpp; 403
+//                                                  without --allow_client_shm)
 //
 // Each connection is one coroutine on its own strand, reading requests with
 // http_parse: keep-alive, pipelined requests (answered in order), chunked
@@ -35,6 +40,7 @@
 #include "kserve_models.hpp"
 #include "server_stats.hpp"
 #include "session_set.hpp"
+#include "shm_registry.hpp"
 
 namespace dlasync::examples {
 
@@ -42,9 +48,11 @@ class http_front {
  public:
   // Bodies are reserved from `budget`; answers and cut-offs are counted in
   // `stats`. `models` and `stats` outlive this object.
-  http_front(kserve::model_handler& models, std::shared_ptr<memory_budget> budget,
-             const server_limits& limits, std::size_t max_head_bytes, server_stats& stats)
+  http_front(kserve::model_handler& models, kserve::shm_registry& shm,
+             std::shared_ptr<memory_budget> budget, const server_limits& limits,
+             std::size_t max_head_bytes, server_stats& stats)
       : models_(models),
+        shm_(shm),
         budget_(std::move(budget)),
         limits_(limits),
         max_head_bytes_(max_head_bytes),
@@ -75,7 +83,10 @@ class http_front {
                                absl::string_view version, std::shared_ptr<std::byte[]> body,
                                std::uint64_t length);
 
+  reply shared_memory(const struct http_head& head, absl::string_view body);
+
   kserve::model_handler& models_;
+  kserve::shm_registry& shm_;
   std::shared_ptr<memory_budget> budget_;
   const server_limits limits_;
   const std::size_t max_head_bytes_;

@@ -50,7 +50,17 @@ struct model_metadata {
   std::vector<tensor_spec> outputs;
 };
 
+// Bytes in a registered system shared-memory region (the shared-memory
+// extension): `byte_size` bytes from `offset` within the region.
+struct shm_ref {
+  std::string region;
+  std::uint64_t offset = 0;
+  std::uint64_t byte_size = 0;
+};
+
 // One input of a request: compact, row-major, host memory that `owner` keeps.
+// An input that names a shared-memory region has no bytes until they are
+// read from it (shm_registry.hpp).
 struct input_tensor {
   std::string name;
   std::string datatype;
@@ -59,12 +69,15 @@ struct input_tensor {
   std::byte* data = nullptr;
   std::uint64_t bytes = 0;
   std::shared_ptr<void> owner;
+  std::optional<shm_ref> shm;
 };
 
-// An output the request asks for; `binary` is its binary_data parameter.
+// An output the request asks for; `binary` is its binary_data parameter,
+// `shm` the region it is to be written into.
 struct output_request {
   std::string name;
   std::optional<bool> binary;
+  std::optional<shm_ref> shm;
 };
 
 struct infer_request {
@@ -84,6 +97,7 @@ struct output_tensor {
   std::span<const std::byte> bytes;
   std::shared_ptr<const void> owner;
   bool binary = false;
+  std::optional<shm_ref> shm;  // written there, not sent
 };
 
 struct infer_response {

@@ -192,6 +192,40 @@ absl::Status take_json_data(const json& data, input_tensor& input, memory_budget
   return absl::OkStatus();
 }
 
+// The shared-memory region that `params` name, if any.
+absl::StatusOr<std::optional<shm_ref>> parse_shm(const json& params, const std::string& label) {
+  absl::StatusOr<const json*> region =
+      member(params, "shared_memory_region", json::value_t::string,
+             absl::StrCat("shared_memory_region of ", label), "a string");
+  if (!region.ok()) return region.status();
+  if (*region == nullptr) {
+    if (params.contains("shared_memory_byte_size") || params.contains("shared_memory_offset")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label,
+                       " has shared_memory_byte_size or shared_memory_offset but no "
+                       "shared_memory_region"));
+    }
+    return std::nullopt;
+  }
+  shm_ref ref;
+  ref.region = (*region)->get<std::string>();
+  absl::StatusOr<const json*> size =
+      member(params, "shared_memory_byte_size", json::value_t::number_unsigned,
+             absl::StrCat("shared_memory_byte_size of ", label), "an integer >= 0");
+  if (!size.ok()) return size.status();
+  if (*size == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, " names a shared-memory region but no shared_memory_byte_size"));
+  }
+  ref.byte_size = (*size)->get<std::uint64_t>();
+  absl::StatusOr<const json*> offset =
+      member(params, "shared_memory_offset", json::value_t::number_unsigned,
+             absl::StrCat("shared_memory_offset of ", label), "an integer >= 0");
+  if (!offset.ok()) return offset.status();
+  if (*offset != nullptr) ref.offset = (*offset)->get<std::uint64_t>();
+  return ref;
+}
+
 absl::StatusOr<input_tensor> parse_input(const json& j, std::size_t index) {
   if (!j.is_object()) return wrong_type(absl::StrCat("inputs[", index, "]"), j, "an object");
   input_tensor in;
@@ -280,12 +314,9 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
                                            absl::StrCat("parameters of ", label), "an object");
     if (!p.ok()) return p.status();
     if (*p != nullptr) {
-      if ((*p)->contains("shared_memory_region")) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            label,
-            " names a shared-memory region: this server does not serve the shared-memory "
-            "extensions; send the bytes in the body"));
-      }
+      absl::StatusOr<std::optional<shm_ref>> region = parse_shm(**p, label);
+      if (!region.ok()) return region.status();
+      in->shm = *std::move(region);
       absl::StatusOr<const json*> size =
           member(**p, "binary_data_size", json::value_t::number_unsigned,
                  absl::StrCat("binary_data_size of ", label), "an integer >= 0");
@@ -293,11 +324,23 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
       binary_size = *size;
     }
     const auto data = item.find("data");
-    if (binary_size != nullptr && data != item.end()) {
+    const int sources = static_cast<int>(binary_size != nullptr) +
+                        static_cast<int>(data != item.end()) +
+                        static_cast<int>(in->shm.has_value());
+    if (sources > 1) {
       return absl::InvalidArgumentError(
-          absl::StrCat(label, " has both \"data\" and binary_data_size: give one"));
+          absl::StrCat(label,
+                       " gives its bytes more than one way: give one of \"data\", binary_data_size "
+                       "and shared_memory_region"));
     }
-    if (binary_size != nullptr) {
+    if (in->shm) {
+      if (in->shm->byte_size != in->bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("shared_memory_byte_size of ", label, " is ", in->shm->byte_size,
+                         " bytes, but its shape [", absl::StrJoin(in->shape, ","), "] of ",
+                         in->datatype, " takes ", in->bytes));
+      }
+    } else if (binary_size != nullptr) {
       if (!body.header_length) {
         return absl::InvalidArgumentError(absl::StrCat(
             label,
@@ -320,7 +363,7 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
       offset += size;
     } else if (data == item.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(label, " has neither \"data\" nor parameters.binary_data_size"));
+          absl::StrCat(label, " has no \"data\", binary_data_size or shared_memory_region"));
     } else {
       absl::Status s = take_json_data(*data, *in, budget);
       if (!s.ok()) return s;
@@ -341,7 +384,7 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
         return absl::InvalidArgumentError(
             absl::StrCat("outputs[", i, "] needs to be an object with a \"name\" string"));
       }
-      output_request out{o["name"].get<std::string>(), std::nullopt};
+      output_request out{o["name"].get<std::string>(), std::nullopt, std::nullopt};
       absl::StatusOr<const json*> p =
           member(o, "parameters", json::value_t::object,
                  absl::StrCat("parameters of output ", clip(out.name)), "an object");
@@ -352,6 +395,15 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
                    absl::StrCat("binary_data of output ", clip(out.name)), "a boolean");
         if (!b.ok()) return b.status();
         if (*b != nullptr) out.binary = (*b)->get<bool>();
+        absl::StatusOr<std::optional<shm_ref>> region =
+            parse_shm(**p, absl::StrCat("output ", clip(out.name)));
+        if (!region.ok()) return region.status();
+        out.shm = *std::move(region);
+        if (out.shm && out.binary.value_or(false)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("output ", clip(out.name),
+                           " asks for binary_data and a shared-memory region: give one"));
+        }
       }
       r.outputs.push_back(std::move(out));
     }
@@ -420,7 +472,10 @@ encoded_response encode_infer_response(const infer_response& r) {
   json outputs = json::array();
   for (const output_tensor& o : r.outputs) {
     json t{{"name", o.name}, {"datatype", o.datatype}, {"shape", o.shape}};
-    if (o.binary) {
+    if (o.shm) {
+      t["parameters"] = json{{"shared_memory_region", o.shm->region},
+                             {"shared_memory_byte_size", o.bytes.size()}};
+    } else if (o.binary) {
       t["parameters"] = json{{"binary_data_size", o.bytes.size()}};
       out.binary.push_back(o.bytes);
     } else {
@@ -456,6 +511,44 @@ std::string encode_server_metadata(absl::string_view name, absl::string_view ver
   json ext = json::array();
   for (const absl::string_view e : extensions) ext.push_back(e);
   return dump_text(json{{"name", name}, {"version", version}, {"extensions", ext}});
+}
+
+absl::StatusOr<shm_region_info> parse_shm_register(absl::string_view body, absl::string_view name) {
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("the request is not JSON: ", e.what()));
+  }
+  if (!j.is_object()) return wrong_type("the request", j, "an object");
+  shm_region_info info;
+  info.name = std::string(name);
+  absl::StatusOr<const json*> key = member(j, "key", json::value_t::string, "\"key\"", "a string");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<const json*> offset =
+      member(j, "offset", json::value_t::number_unsigned, "\"offset\"", "an integer >= 0");
+  if (!offset.ok()) return offset.status();
+  absl::StatusOr<const json*> size =
+      member(j, "byte_size", json::value_t::number_unsigned, "\"byte_size\"", "an integer >= 0");
+  if (!size.ok()) return size.status();
+  if (*key == nullptr || *size == nullptr) {
+    return absl::InvalidArgumentError(
+        "a shared-memory registration needs \"key\" and \"byte_size\" (and may give "
+        "\"offset\")");
+  }
+  info.key = (*key)->get<std::string>();
+  info.byte_size = (*size)->get<std::uint64_t>();
+  if (*offset != nullptr) info.offset = (*offset)->get<std::uint64_t>();
+  return info;
+}
+
+std::string encode_shm_status(std::span<const shm_region_info> regions) {
+  json out = json::array();
+  for (const shm_region_info& r : regions) {
+    out.push_back(
+        json{{"name", r.name}, {"key", r.key}, {"offset", r.offset}, {"byte_size", r.byte_size}});
+  }
+  return dump_text(out);
 }
 
 std::string encode_error(absl::string_view message) {

@@ -26,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "dlasync/dlasync.hpp"
 #include "kserve.hpp"
+#include "shm_registry.hpp"
 
 namespace dlasync::examples::kserve {
 
@@ -58,6 +59,12 @@ encoded_response encode_infer_response(const infer_response& r);
 std::string encode_model_metadata(const model_metadata& m);
 std::string encode_server_metadata(absl::string_view name, absl::string_view version,
                                    std::span<const absl::string_view> extensions);
+// The body of a shared-memory register request: {"key", "offset",
+// "byte_size"}, for the region `name` (from the URL).
+absl::StatusOr<shm_region_info> parse_shm_register(absl::string_view body, absl::string_view name);
+// The shared-memory status: [{"name", "key", "offset", "byte_size"}, ...].
+std::string encode_shm_status(std::span<const shm_region_info> regions);
+
 // {"error": message}, the protocol's error body.
 std::string encode_error(absl::string_view message);
 

@@ -172,7 +172,7 @@ asio::awaitable<absl::StatusOr<std::vector<output_tensor>>> model_handler::run(
     absl::StatusOr<double> sum = co_await compute_.sum(*t, o.consumer_stream);
     if (!sum.ok()) co_return sum.status();
     auto value = std::make_shared<double>(*sum);
-    output_tensor out{"SUM", "FP64", {1}, {}, nullptr, false};
+    output_tensor out{"SUM", "FP64", {1}, {}, nullptr, false, std::nullopt};
     out.bytes = {reinterpret_cast<const std::byte*>(value.get()), sizeof(double)};
     out.owner = std::move(value);
     outputs.push_back(std::move(out));
@@ -224,6 +224,7 @@ asio::awaitable<absl::StatusOr<infer_response>> model_handler::infer(infer_reque
     if (!r.outputs.empty() && asked == r.outputs.end()) continue;
     out.binary = r.binary_outputs;
     if (asked != r.outputs.end() && asked->binary) out.binary = *asked->binary;
+    if (asked != r.outputs.end()) out.shm = asked->shm;
     response.outputs.push_back(std::move(out));
   }
   co_return response;

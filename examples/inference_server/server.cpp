@@ -51,6 +51,7 @@
 #include "kserve_models.hpp"
 #include "request_handler.hpp"
 #include "server_stats.hpp"
+#include "shm_registry.hpp"
 #include "tcp_front.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 #include "ucx_front.hpp"
@@ -91,6 +92,9 @@ ABSL_FLAG(std::string, http_port_file, "", "Write the HTTP port to this file onc
 ABSL_FLAG(int, http_max_header_kib, 16,
           "Largest HTTP request head (request line and headers) accepted, in KiB; a larger one "
           "gets 431 and the connection is closed.");
+ABSL_FLAG(bool, allow_client_shm, false,
+          "Serve the system shared-memory extension: clients may register POSIX "
+          "shared-memory objects and name them in requests instead of sending the bytes.");
 ABSL_FLAG(std::string, ucx_port_file, "", "Write the UCX port to this file once listening.");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports for the UCX listener (UCX_TLS's syntax; empty: UCX's choice).");
@@ -186,8 +190,9 @@ int run() {
   server_stats stats;
   tcp_front tcp(handle, memory, limits, stats);
   kserve::model_handler models(rt, **compute, *target);
+  kserve::shm_registry shm(absl::GetFlag(FLAGS_allow_client_shm));
   http_front http(
-      models, memory, limits,
+      models, shm, memory, limits,
       static_cast<std::size_t>(std::max(1, absl::GetFlag(FLAGS_http_max_header_kib))) << 10, stats);
 
   // On a strand: the accept loop and its stop touch the acceptor in turn.

@@ -350,3 +350,156 @@ def test_tritonclient_sees_the_servers_errors():
         c.infer("sum", [s])
     with pytest.raises(InferenceServerException, match="not served here"):
         c.get_model_metadata("nope")
+
+
+# The system shared-memory extension (the server runs with --allow_client_shm).
+from multiprocessing import shared_memory  # noqa: E402
+
+
+def register(name, key, size, offset=0):
+    doc = {"key": key, "offset": offset, "byte_size": size}
+    return exchange("POST", f"/v2/systemsharedmemory/region/{name}/register",
+                    json.dumps(doc).encode())
+
+
+def unregister(name):
+    return exchange("POST", f"/v2/systemsharedmemory/region/{name}/unregister", b"")
+
+
+def shm_input(region, n, offset=0, name="INPUT0"):
+    return {"name": name, "shape": [n], "datatype": "FP32",
+            "parameters": {"shared_memory_region": region,
+                           "shared_memory_byte_size": 4 * n, "shared_memory_offset": offset}}
+
+
+@pytest.fixture
+def segment():
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    yield seg
+    seg.close()
+    seg.unlink()
+
+
+def test_shared_memory_inputs_and_outputs(segment):
+    key = "/" + segment.name
+    segment.buf[:16] = struct.pack("<4f", 1.0, 2.0, 3.5, -1.0)
+    assert register("in", key, 1024)[0] == 200
+    assert register("out", key, 1024, offset=2048)[0] == 200
+    try:
+        status, _, body = exchange("GET", "/v2/systemsharedmemory/status")
+        regions = {r["name"]: r for r in json.loads(body)}
+        assert regions["out"] == {"name": "out", "key": key, "offset": 2048, "byte_size": 1024}
+        doc = {"inputs": [shm_input("in", 4)],
+               "outputs": [{"name": "OUTPUT0", "parameters": {
+                   "shared_memory_region": "out", "shared_memory_byte_size": 16}}]}
+        status, _, body = exchange("POST", "/v2/models/negate/infer", json.dumps(doc).encode())
+        assert status == 200, body
+        out = json.loads(body)["outputs"][0]
+        assert out["parameters"] == {"shared_memory_region": "out",
+                                     "shared_memory_byte_size": 16}
+        assert "data" not in out
+        assert struct.unpack("<4f", bytes(segment.buf[2048:2064])) == (-1.0, -2.0, -3.5, 1.0)
+        # The input's region is the client's: the server read a copy.
+        assert struct.unpack("<4f", bytes(segment.buf[:16])) == (1.0, 2.0, 3.5, -1.0)
+    finally:
+        unregister("in")
+        unregister("out")
+
+
+def test_shared_memory_refusals_name_the_region_never_the_key(segment):
+    key = "/" + segment.name
+    assert register("r", key, 64)[0] == 200
+    try:
+        status, _, body = register("r", key, 64)
+        assert status == 409 and "registered already" in error_of(body)
+        status, _, body = register("big", key, 8192)
+        assert status == 400 and "8192 bytes from offset 0" in error_of(body)
+        status, _, body = register("gone", "/dlasync_surely_missing_object", 8)
+        assert status == 404 and "surely_missing" not in error_of(body)
+        for doc, code, words in [
+            ({"inputs": [shm_input("r", 4, offset=56)]}, 400, "past its end"),
+            ({"inputs": [shm_input("r", 1, offset=2**64 - 2)]}, 400, "past its end"),
+            ({"inputs": [shm_input("nope", 1)]}, 404, '"nope" is not registered'),
+        ]:
+            status, _, body = exchange("POST", "/v2/models/sum/infer", json.dumps(doc).encode())
+            assert status == code, body
+            assert words in error_of(body)
+            assert segment.name not in error_of(body)
+    finally:
+        unregister("r")
+    status, _, body = unregister("r")
+    assert status == 404
+
+
+def test_unregistering_while_requests_read_the_region(segment):
+    key = "/" + segment.name
+    segment.buf[:40] = struct.pack("<10f", *range(10))
+    answers = {}
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            register("live", key, 4096)
+            unregister("live")
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        doc = json.dumps({"inputs": [shm_input("live", 10)]}).encode()
+        for _ in range(200):
+            status, _, body = exchange("POST", "/v2/models/sum/infer", doc)
+            if status == 200:
+                assert json.loads(body)["outputs"][0]["data"] == [45.0]
+            else:
+                assert status == 404 and "not registered" in error_of(body)
+            answers[status] = answers.get(status, 0) + 1
+    finally:
+        stop.set()
+        t.join()
+        unregister("live")
+    assert sum(answers.values()) == 200
+
+
+def test_a_region_whose_object_shrinks_is_refused_not_crashed_on():
+    seg = shared_memory.SharedMemory(create=True, size=8192)
+    key = "/" + seg.name
+    try:
+        assert register("shrinks", key, 8192)[0] == 200
+        fd = os.open("/dev/shm/" + seg.name, os.O_RDWR)
+        os.ftruncate(fd, 100)
+        os.close(fd)
+        doc = {"inputs": [shm_input("shrinks", 16, offset=4096)]}
+        status, _, body = exchange("POST", "/v2/models/sum/infer", json.dumps(doc).encode())
+        assert status == 400
+        assert "no longer holds" in error_of(body)
+        assert exchange("GET", "/v2/health/live")[0] == 200
+    finally:
+        unregister("shrinks")
+        seg.close()
+        seg.unlink()
+
+
+@needs_triton
+def test_tritonclient_system_shared_memory():
+    import tritonclient.utils.shared_memory as shm
+    c = httpclient.InferenceServerClient(ADDRESS)
+    x = np.linspace(-2, 2, 64, dtype=np.float32)
+    key = f"/dlasync_triton_{os.getpid()}"
+    handle = shm.create_shared_memory_region("tc_in", key, x.nbytes * 2)
+    try:
+        shm.set_shared_memory_region(handle, [x])
+        c.register_system_shared_memory("tc_in", key, x.nbytes * 2)
+        status = c.get_system_shared_memory_status()
+        assert any(r["name"] == "tc_in" for r in status)
+        inp = httpclient.InferInput("INPUT0", [64], "FP32")
+        inp.set_shared_memory("tc_in", x.nbytes)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+        out.set_shared_memory("tc_in", x.nbytes, offset=x.nbytes)
+        c.infer("negate", [inp], outputs=[out])
+        got = shm.get_contents_as_numpy(handle, np.float32, [64], offset=x.nbytes)
+        np.testing.assert_array_equal(got, -x)
+        with pytest.raises(InferenceServerException, match="registered already"):
+            c.register_system_shared_memory("tc_in", key, 16)
+    finally:
+        c.unregister_system_shared_memory("tc_in")
+        shm.destroy_shared_memory_region(handle)

@@ -1,3 +1,7 @@
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
@@ -5,6 +9,7 @@
 #include "http_parse.hpp"
 #include "kserve.hpp"
 #include "kserve_json.hpp"
+#include "shm_registry.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::examples::kserve {
@@ -177,7 +182,7 @@ TEST_CASE("malformed requests are refused by name", "[examples][kserve]") {
                     R"("parameters":{"shared_memory_region":"r"}}]})"),
             {"shared-memory"});
     refused(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1]}]})"),
-            {"neither \"data\" nor"});
+            {"no \"data\", binary_data_size or shared_memory_region"});
   }
   CHECK(budget.in_use() == 0);
 }
@@ -189,14 +194,20 @@ TEST_CASE("responses encode JSON data or binary data with its size", "[examples]
   r.id = "a";
   const std::string f = floats_bytes({0.5F, -2.0F});
   const std::int64_t i64[2] = {-3, 1LL << 40};
-  r.outputs.push_back(
-      {"OUTPUT0", "FP32", {2}, {reinterpret_cast<const std::byte*>(f.data()), 8}, nullptr, false});
+  r.outputs.push_back({"OUTPUT0",
+                       "FP32",
+                       {2},
+                       {reinterpret_cast<const std::byte*>(f.data()), 8},
+                       nullptr,
+                       false,
+                       std::nullopt});
   r.outputs.push_back({"OUTPUT1",
                        "INT64",
                        {2},
                        {reinterpret_cast<const std::byte*>(i64), sizeof i64},
                        nullptr,
-                       true});
+                       true,
+                       std::nullopt});
   encoded_response e = encode_infer_response(r);
   CHECK(e.json ==
         R"({"id":"a","model_name":"echo","model_version":"1","outputs":[{"data":[0.5,-2.0],)"
@@ -205,6 +216,136 @@ TEST_CASE("responses encode JSON data or binary data with its size", "[examples]
   REQUIRE(e.binary.size() == 1);
   CHECK(e.binary[0].size() == 16);
   CHECK(encode_error("bad \xff byte") == "{\"error\":\"bad \xEF\xBF\xBD byte\"}");
+}
+
+// A POSIX shared-memory object of `size` bytes, removed at the end.
+class shm_object {
+ public:
+  explicit shm_object(std::size_t size)
+      : key_("/dlasync_test_" + std::to_string(::getpid()) + "_" + std::to_string(next_++)) {
+    const int fd = ::shm_open(key_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
+    std::string bytes(size, '\0');
+    for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<char>(i);
+    REQUIRE(::pwrite(fd, bytes.data(), size, 0) == static_cast<ssize_t>(size));
+    ::close(fd);
+  }
+  shm_object(const shm_object&) = delete;
+  shm_object& operator=(const shm_object&) = delete;
+  ~shm_object() { ::shm_unlink(key_.c_str()); }
+  const std::string& key() const { return key_; }
+  void shrink(std::size_t size) const {
+    const int fd = ::shm_open(key_.c_str(), O_RDWR, 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(size)) == 0);
+    ::close(fd);
+  }
+
+ private:
+  static inline int next_ = 0;
+  std::string key_;
+};
+
+TEST_CASE("shared-memory regions are off unless allowed", "[examples][kserve][shm]") {
+  shm_registry off(false);
+  shm_object object(64);
+  require_status(off.add("r", object.key(), 0, 64), absl::StatusCode::kPermissionDenied,
+                 {"--allow_client_shm"});
+  require_status(off.status(std::nullopt).status(), absl::StatusCode::kPermissionDenied,
+                 {"--allow_client_shm"});
+}
+
+TEST_CASE("a region's bounds are checked when registered and when read",
+          "[examples][kserve][shm]") {
+  shm_registry shm(true);
+  shm_object object(4096);
+  REQUIRE(shm.add("r", object.key(), 1024, 2048).ok());
+  // Registering the same name twice is refused; the first stays.
+  require_status(shm.add("r", object.key(), 0, 16), absl::StatusCode::kAlreadyExists,
+                 {"\"r\" is registered already"});
+  require_status(shm.add("big", object.key(), 4000, 100), absl::StatusCode::kInvalidArgument,
+                 {"100 bytes from offset 4000", "4096 bytes"});
+  require_status(shm.add("wrap", object.key(), ~std::uint64_t{0}, 2),
+                 absl::StatusCode::kInvalidArgument, {"offset"});
+  // No key appears in an error.
+  const absl::Status missing = shm.add("gone", "/dlasync_no_such_object_here", 0, 1);
+  require_status(missing, absl::StatusCode::kNotFound, {"\"gone\"", "No such file"});
+  CHECK(missing.message().find("no_such_object") == std::string::npos);
+  require_status(shm.add("bad", "/a/b", 0, 1), absl::StatusCode::kInvalidArgument,
+                 {"one leading '/'"});
+  require_status(shm.add("bad", "relative", 0, 1), absl::StatusCode::kInvalidArgument,
+                 {"one leading '/'"});
+
+  std::byte out[16];
+  REQUIRE(shm.read({"r", 8, 16}, out).ok());
+  CHECK(static_cast<unsigned char>(out[0]) == static_cast<unsigned char>(1024 + 8));
+  require_status(shm.read({"r", 2040, 16}, out), absl::StatusCode::kInvalidArgument,
+                 {"holds 2048 bytes", "16 bytes from offset 2040"});
+  require_status(shm.read({"r", ~std::uint64_t{0} - 4, 16}, out),
+                 absl::StatusCode::kInvalidArgument, {"past its end"});
+  require_status(shm.read({"nope", 0, 1}, out), absl::StatusCode::kNotFound,
+                 {"\"nope\" is not registered"});
+  // The client shrinks its object: a read past the new end is refused, not
+  // a crash.
+  object.shrink(1500);
+  require_status(shm.read({"r", 1000, 16}, out), absl::StatusCode::kInvalidArgument,
+                 {"no longer holds", "register it again"});
+  const std::byte small[4] = {};
+  require_status(shm.write({"r", 1000, 4}, small), absl::StatusCode::kInvalidArgument,
+                 {"no longer holds"});
+  REQUIRE(shm.write({"r", 0, 4}, small).ok());
+
+  absl::StatusOr<std::vector<shm_region_info>> all = shm.status(std::nullopt);
+  REQUIRE(all.ok());
+  REQUIRE(all->size() == 1);
+  CHECK((*all)[0].key == object.key());
+  REQUIRE(shm.remove("r").ok());
+  require_status(shm.remove("r"), absl::StatusCode::kNotFound, {"not registered"});
+}
+
+TEST_CASE("inputs read from shared memory take the budget and name the input",
+          "[examples][kserve][shm]") {
+  shm_registry shm(true);
+  shm_object object(64);
+  REQUIRE(shm.add("r", object.key(), 0, 64).ok());
+  memory_budget budget(1 << 20);
+  {
+    absl::StatusOr<infer_request> r = parse_infer_request(
+        body_of(R"({"inputs":[{"name":"A","datatype":"UINT8","shape":[4],"parameters":)"
+                R"({"shared_memory_region":"r","shared_memory_byte_size":4,)"
+                R"("shared_memory_offset":10}}]})"),
+        "sum", "", budget);
+    REQUIRE(r.ok());
+    REQUIRE(read_inputs(*r, shm, budget).ok());
+    CHECK(static_cast<int>(r->inputs[0].data[0]) == 10);
+    CHECK(static_cast<int>(r->inputs[0].data[3]) == 13);
+    CHECK(budget.in_use() == 4);
+  }
+  CHECK(budget.in_use() == 0);
+  absl::StatusOr<infer_request> past = parse_infer_request(
+      body_of(R"({"inputs":[{"name":"A","datatype":"UINT8","shape":[8],"parameters":)"
+              R"({"shared_memory_region":"r","shared_memory_byte_size":8,)"
+              R"("shared_memory_offset":60}}]})"),
+      "sum", "", budget);
+  REQUIRE(past.ok());
+  require_status(read_inputs(*past, shm, budget), absl::StatusCode::kInvalidArgument,
+                 {"input A", "past its end"});
+  CHECK(budget.in_use() == 0);
+  require_status(
+      parse_infer_request(body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[4],)"
+                                  R"("parameters":{"shared_memory_region":"r",)"
+                                  R"("shared_memory_byte_size":8}}]})"),
+                          "sum", "", budget)
+          .status(),
+      absl::StatusCode::kInvalidArgument,
+      {"shared_memory_byte_size of input A is 8 bytes", "takes 16"});
+  require_status(parse_infer_request(
+                     body_of(R"({"inputs":[{"name":"A","datatype":"FP32","shape":[1],"data":[1],)"
+                             R"("parameters":{"shared_memory_region":"r",)"
+                             R"("shared_memory_byte_size":4}}]})"),
+                     "sum", "", budget)
+                     .status(),
+                 absl::StatusCode::kInvalidArgument, {"more than one way"});
 }
 
 }  // namespace

@@ -29,7 +29,7 @@ fail() {
 
 "$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
   --max_frame_mib=4 --memory_budget_mib=32 --read_timeout_ms=1500 --idle_timeout_ms=20000 \
-  --http_max_header_kib=8 "$@" >"$dir/server.out" 2>&1 &
+  --http_max_header_kib=8 --allow_client_shm "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
   [ -s "$dir/http_port" ] && break
@@ -118,6 +118,10 @@ exec 3<>"/dev/tcp/127.0.0.1/$(cat "$dir/http_port2")"  # holds the only connecti
 sleep 0.3
 expect GET /v2/health/live 503 '"error":"the server holds 1 connections at once \(--max_connections\)'
 exec 3>&-
+# The shared-memory extension is off by default.
+expect POST /v2/systemsharedmemory/region/r/register 403 '"error":"the system shared-memory extension is off on this server: start it with --allow_client_shm' \
+  -d '{"key":"/x","byte_size":4}'
+expect GET /v2/systemsharedmemory/status 403 'allow_client_shm'
 kill -TERM "$server_pid"
 wait "$server_pid" || fail "the second server exited with $?"
 server_pid=""
