@@ -336,12 +336,9 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
       if (const std::string* h = head.header("inference-header-content-length")) {
         pad = (body_alignment - parse_length(*h).value_or(0) % body_alignment) % body_alignment;
       }
-      auto* block = new std::byte[length + pad];
-      body = std::shared_ptr<std::byte[]>(block + pad,
-                                          [b = front_.budget_, length, pad](std::byte* p) {
-                                            delete[](p - pad);
-                                            b->release(length);
-                                          });
+      std::shared_ptr<std::byte[]> block =
+          front_.pool_.take(length + pad, [b = front_.budget_, length] { b->release(length); });
+      body = std::shared_ptr<std::byte[]>(block, block.get() + pad);
       parse_.body_into(body.get());
     }
   }
@@ -540,7 +537,7 @@ asio::awaitable<http_front::reply> http_front::infer(const http_head& head, absl
       kserve::parse_infer_request(request, model, version, *budget_);
   request.bytes.reset();  // the inputs keep what they view
   if (!parsed.ok()) co_return reply::error(parsed.status());
-  const absl::Status read = kserve::read_inputs(*parsed, shm_, *budget_);
+  const absl::Status read = kserve::read_inputs(*parsed, shm_, *budget_, pool_);
   if (!read.ok()) co_return reply::error(read);
   absl::StatusOr<kserve::infer_response> answered = co_await models_.infer(*std::move(parsed));
   if (!answered.ok()) co_return reply::error(answered.status());

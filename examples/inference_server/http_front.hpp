@@ -35,6 +35,7 @@
 
 #include "asio/awaitable.hpp"
 #include "asio/ip/tcp.hpp"
+#include "buffer_pool.hpp"
 #include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
 #include "kserve_models.hpp"
@@ -46,13 +47,14 @@ namespace dlasync::examples {
 
 class http_front {
  public:
-  // Bodies are reserved from `budget`; answers and cut-offs are counted in
+  // Bodies are reserved from `budget`, in buffers from `pool`; answers and cut-offs are counted in
   // `stats`. `models` and `stats` outlive this object.
   http_front(kserve::model_handler& models, kserve::shm_registry& shm,
-             std::shared_ptr<memory_budget> budget, const server_limits& limits,
+             std::shared_ptr<memory_budget> budget, buffer_pool& pool, const server_limits& limits,
              std::size_t max_head_bytes, server_stats& stats)
       : models_(models),
         shm_(shm),
+        pool_(pool),
         budget_(std::move(budget)),
         limits_(limits),
         max_head_bytes_(max_head_bytes),
@@ -87,6 +89,7 @@ class http_front {
 
   kserve::model_handler& models_;
   kserve::shm_registry& shm_;
+  buffer_pool& pool_;
   std::shared_ptr<memory_budget> budget_;
   const server_limits limits_;
   const std::size_t max_head_bytes_;

@@ -191,8 +191,10 @@ int run() {
   tcp_front tcp(handle, memory, limits, stats);
   kserve::model_handler models(rt, **compute, *target);
   kserve::shm_registry shm(absl::GetFlag(FLAGS_allow_client_shm));
+  // Freed request buffers kept for reuse, up to half the budget again.
+  buffer_pool pool(budget / 2);
   http_front http(
-      models, shm, memory, limits,
+      models, shm, memory, pool, limits,
       static_cast<std::size_t>(std::max(1, absl::GetFlag(FLAGS_http_max_header_kib))) << 10, stats);
 
   // On a strand: the accept loop and its stop touch the acceptor in turn.

@@ -217,7 +217,8 @@ absl::Status shm_registry::write(const shm_ref& ref, std::span<const std::byte> 
   return absl::OkStatus();
 }
 
-absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budget& budget) {
+absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budget& budget,
+                         buffer_pool& pool) {
   for (input_tensor& in : r.inputs) {
     if (!in.shm) continue;
     const std::uint64_t bytes = in.shm->byte_size;
@@ -227,11 +228,9 @@ absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budge
                        " bytes from shared memory find no room in the memory budget now: try "
                        "again"));
     }
-    std::shared_ptr<std::byte[]> buffer(new std::byte[bytes > 0 ? bytes : 1],
-                                        [&budget, bytes](std::byte* p) {
-                                          delete[] p;
-                                          if (bytes > 0) budget.release(bytes);
-                                        });
+    std::shared_ptr<std::byte[]> buffer = pool.take(bytes, [&budget, bytes] {
+      if (bytes > 0) budget.release(bytes);
+    });
     const absl::Status s = shm.read(*in.shm, buffer.get());
     if (!s.ok()) return {s.code(), absl::StrCat("input ", clip(in.name), ": ", s.message())};
     in.data = buffer.get();

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "buffer_pool.hpp"
 #include "dlasync/dlasync.hpp"
 #include "kserve.hpp"
 
@@ -89,10 +90,11 @@ class shm_registry {
   std::map<std::string, std::shared_ptr<const region>, std::less<>> regions_;
 };
 
-// Reads every input of `r` that names a region into a buffer taken from
-// `budget` (ResourceExhausted when it has no room now), with read's errors
+// Reads every input of `r` that names a region into a buffer from `pool`,
+// its bytes taken from `budget` (ResourceExhausted when it has no room now), with read's errors
 // naming the input.
-absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budget& budget);
+absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budget& budget,
+                         buffer_pool& pool);
 
 // Writes every output of `r` that names a region there.
 //   InvalidArgument  an output larger than its region's byte size.

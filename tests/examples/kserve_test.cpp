@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "buffer_pool.hpp"
 #include "catch2/catch.hpp"
 #include "http_parse.hpp"
 #include "kserve.hpp"
@@ -309,6 +310,7 @@ TEST_CASE("inputs read from shared memory take the budget and name the input",
   shm_object object(64);
   REQUIRE(shm.add("r", object.key(), 0, 64).ok());
   memory_budget budget(1 << 20);
+  buffer_pool pool(1 << 20);
   {
     absl::StatusOr<infer_request> r = parse_infer_request(
         body_of(R"({"inputs":[{"name":"A","datatype":"UINT8","shape":[4],"parameters":)"
@@ -316,7 +318,7 @@ TEST_CASE("inputs read from shared memory take the budget and name the input",
                 R"("shared_memory_offset":10}}]})"),
         "sum", "", budget);
     REQUIRE(r.ok());
-    REQUIRE(read_inputs(*r, shm, budget).ok());
+    REQUIRE(read_inputs(*r, shm, budget, pool).ok());
     CHECK(static_cast<int>(r->inputs[0].data[0]) == 10);
     CHECK(static_cast<int>(r->inputs[0].data[3]) == 13);
     CHECK(budget.in_use() == 4);
@@ -328,7 +330,7 @@ TEST_CASE("inputs read from shared memory take the budget and name the input",
               R"("shared_memory_offset":60}}]})"),
       "sum", "", budget);
   REQUIRE(past.ok());
-  require_status(read_inputs(*past, shm, budget), absl::StatusCode::kInvalidArgument,
+  require_status(read_inputs(*past, shm, budget, pool), absl::StatusCode::kInvalidArgument,
                  {"input A", "past its end"});
   CHECK(budget.in_use() == 0);
   require_status(
@@ -356,6 +358,29 @@ namespace {
 
 std::size_t feed_all(http_parse& p, const std::string& text, std::size_t from = 0) {
   return p.feed(text.data() + from, text.size() - from);
+}
+
+TEST_CASE("a buffer pool hands a freed block out again, within its bound", "[examples][http]") {
+  buffer_pool pool(std::uint64_t{256} << 10);
+  int released = 0;
+  std::byte* first = nullptr;
+  {
+    std::shared_ptr<std::byte[]> a = pool.take(100000, [&] { ++released; });
+    first = a.get();
+    a[99999] = std::byte{1};
+  }
+  CHECK(released == 1);
+  CHECK(pool.cached() == 131072);  // its size class
+  {
+    std::shared_ptr<std::byte[]> b = pool.take(70000, [&] { ++released; });
+    CHECK(b.get() == first);  // the same class: the same block
+    CHECK(pool.cached() == 0);
+    std::shared_ptr<std::byte[]> c = pool.take(200000, [&] { ++released; });  // 256 KiB
+    std::shared_ptr<std::byte[]> d = pool.take(10, nullptr);                  // not pooled
+  }
+  CHECK(released == 3);
+  // c's 256 KiB came back first and fill the bound; b's 128 KiB were freed.
+  CHECK(pool.cached() == 262144);
 }
 
 TEST_CASE("pipelined requests are read one at a time, each head before its body",
