@@ -10,7 +10,11 @@ in the same run, interleaved round by round:
   the binary REST rate;
 - small requests (1 KiB of FP32 to `sum`, binary) against the server's own
   GET /v2/health/live, driven by h2load (nghttp2-client) over HTTP/1.1, with
-  latency percentiles from its per-request log.
+  latency percentiles from its per-request log;
+- gRPC (inference.GRPCInferenceService, raw_input_contents, the message
+  encoded here) against REST on the same tensors, small and large, both
+  driven by h2load (gRPC over HTTP/2). The server's report must show no
+  error at the end, since h2load sees HTTP statuses only.
 
     bench/server_kserve.py BUILD_DIR [--rounds=5] [--mib=16] [--requests=8]
                            [--small_requests=20000] [--connections=4]
@@ -21,6 +25,7 @@ Prints each round and the median ratio with its spread.
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -35,14 +40,16 @@ from multiprocessing import shared_memory
 
 def start_server(build, work):
     port_file = os.path.join(work, "http_port")
+    grpc_file = os.path.join(work, "grpc_port")
     server = subprocess.Popen(
         [os.path.join(build, "examples", "dlasync_server"), "--port=0", "--http_port=0",
-         f"--http_port_file={port_file}", "--device=cpu", "--max_frame_mib=64",
+         f"--http_port_file={port_file}", "--grpc_port=0", f"--grpc_port_file={grpc_file}",
+         "--device=cpu", "--max_frame_mib=64",
          "--memory_budget_mib=512", "--connection_budget_mib=256", "--allow_client_shm"],
         stdout=open(os.path.join(work, "server.out"), "w"), stderr=subprocess.STDOUT)
     for _ in range(300):
-        if os.path.exists(port_file) and os.path.getsize(port_file) > 0:
-            return server, int(open(port_file).read())
+        if all(os.path.exists(f) and os.path.getsize(f) > 0 for f in (port_file, grpc_file)):
+            return server, int(open(port_file).read()), int(open(grpc_file).read())
         if server.poll() is not None:
             sys.exit("the server exited early: " + open(os.path.join(work, "server.out")).read())
         time.sleep(0.05)
@@ -115,6 +122,30 @@ def shm_rate(server_port, region, size, requests):
         return size * requests / (time.perf_counter() - start)
 
 
+def varint(n):
+    out = b""
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out += bytes([byte | 0x80])
+        else:
+            return out + bytes([byte])
+
+
+def delimited(number, payload):
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def grpc_body(payload):
+    """A gRPC frame of a ModelInferRequest to sum with `payload` as INPUT0's raw
+    contents, encoded by hand (fields 1, 5 and 7; the tensor's 1, 2 and 3)."""
+    shape = varint(len(payload) // 4)
+    tensor = delimited(1, b"INPUT0") + delimited(2, b"FP32") + delimited(3, shape)
+    message = delimited(1, b"sum") + delimited(5, tensor) + delimited(7, payload)
+    return b"\0" + struct.pack(">I", len(message)) + message
+
+
 def large_rates(server_port, sink_port, payload, requests):
     """Bytes per second over the REST front and over the plain sink."""
     n = len(payload) // 4
@@ -149,10 +180,11 @@ def large_rates(server_port, sink_port, payload, requests):
     return rest, plain
 
 
-def h2load(port, path, requests, connections, work, body=None, headers=()):
+def h2load(port, path, requests, connections, work, body=None, headers=(), h1=True):
     log = os.path.join(work, "h2load.log")
-    cmd = ["h2load", "--h1", "-n", str(requests), "-c", str(connections), "-m", "1",
-           "--log-file", log]
+    cmd = ["h2load", "-n", str(requests), "-c", str(connections), "-m", "1", "--log-file", log]
+    if h1:
+        cmd.append("--h1")
     if body is not None:
         body_file = os.path.join(work, "body")
         with open(body_file, "wb") as f:
@@ -190,7 +222,7 @@ def main():
     ap.add_argument("--connections", type=int, default=4)
     args = ap.parse_args()
     work = tempfile.mkdtemp()
-    server, port = start_server(args.build, work)
+    server, port, grpc_port = start_server(args.build, work)
     sink, sink_port = start_sink()
     try:
         payload = struct.pack("<f", 0.5) * (args.mib << 18)
@@ -226,26 +258,57 @@ def main():
         values = struct.pack("<256f", *range(256))
         doc = json.dumps({"inputs": [{"name": "INPUT0", "shape": [256], "datatype": "FP32",
                                       "parameters": {"binary_data_size": 1024}}]}).encode()
-        print(f"\n1 KiB binary requests to sum against GET /v2/health/live, h2load --h1, "
-              f"{args.connections} connections, {args.small_requests} requests a run")
-        print("round  live req/s  infer req/s  infer/live  live p50/p90/p99 us  "
-              "infer p50/p90/p99 us")
-        ratios = []
+        grpc_headers = ["content-type: application/grpc", "te: trailers"]
+        grpc_path = "/inference.GRPCInferenceService/ModelInfer"
+        print(f"\n1 KiB binary requests to sum against GET /v2/health/live (REST, h2load --h1), "
+              f"and over gRPC (h2load, HTTP/2), {args.connections} connections, "
+              f"{args.small_requests} requests a run")
+        print("round  live req/s  REST req/s  REST/live  gRPC req/s  gRPC/REST  "
+              "p50/p90/p99 us: live  REST  gRPC")
+        ratios, grpc_ratios = [], []
         for r in range(args.rounds):
             live, lp = h2load(port, "/v2/health/live", args.small_requests, args.connections,
                               work)
             infer, ip = h2load(port, "/v2/models/sum/infer", args.small_requests,
                                args.connections, work, body=doc + values,
                                headers=[f"Inference-Header-Content-Length: {len(doc)}"])
+            grpc, gp = h2load(grpc_port, grpc_path, args.small_requests, args.connections, work,
+                              body=grpc_body(values), headers=grpc_headers, h1=False)
             ratios.append(infer / live)
-            print(f"{r + 1:5d}  {live:10.0f}  {infer:11.0f}  {infer / live:10.2f}  "
-                  f"{lp[50]:>5d}/{lp[90]}/{lp[99]:<8d}  {ip[50]:>5d}/{ip[90]}/{ip[99]}")
-        print(f"median infer/live {spread(ratios)} over {args.rounds} rounds")
+            grpc_ratios.append(grpc / infer)
+            print(f"{r + 1:5d}  {live:10.0f}  {infer:10.0f}  {infer / live:9.2f}  {grpc:10.0f}  "
+                  f"{grpc / infer:9.2f}  {lp[50]}/{lp[90]}/{lp[99]}  {ip[50]}/{ip[90]}/{ip[99]}  "
+                  f"{gp[50]}/{gp[90]}/{gp[99]}")
+        print(f"median REST/live {spread(ratios)}, gRPC/REST {spread(grpc_ratios)} over "
+              f"{args.rounds} rounds")
+
+        print(f"\n{args.mib} MiB requests to sum, gRPC against REST (h2load, one connection)")
+        print("round  REST MB/s  gRPC MB/s  gRPC/REST")
+        big_ratios = []
+        for r in range(args.rounds):
+            big = struct.pack("<f", 0.5) * (args.mib << 18)
+            doc = json.dumps({"inputs": [{"name": "INPUT0", "shape": [len(big) // 4],
+                                          "datatype": "FP32",
+                                          "parameters": {"binary_data_size": len(big)}}]}).encode()
+            rest, _ = h2load(port, "/v2/models/sum/infer", args.requests, 1, work, body=doc + big,
+                             headers=[f"Inference-Header-Content-Length: {len(doc)}"])
+            grpc, _ = h2load(grpc_port, grpc_path, args.requests, 1, work, body=grpc_body(big),
+                             headers=grpc_headers, h1=False)
+            big_ratios.append(grpc / rest)
+            print(f"{r + 1:5d}  {rest * len(big) / 1e6:9.0f}  {grpc * len(big) / 1e6:9.0f}  "
+                  f"{grpc / rest:9.2f}")
+        print(f"median gRPC/REST {spread(big_ratios)} over {args.rounds} rounds")
     finally:
         sink.close()
         server.terminate()
         server.wait()
+        report = open(os.path.join(work, "server.out")).read()
         shutil.rmtree(work, ignore_errors=True)
+    # h2load sees HTTP statuses only (a gRPC error is a 200 with a
+    # grpc-status trailer): every request must have been answered OK.
+    errors = re.search(r"(\d+) with an error", report)
+    if errors is None or int(errors.group(1)) != 0:
+        sys.exit("the server answered errors during the benchmark:\n" + report)
 
 
 if __name__ == "__main__":

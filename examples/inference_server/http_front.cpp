@@ -38,7 +38,7 @@ constexpr auto as_tuple_awaitable = asio::experimental::as_tuple(asio::use_await
 constexpr std::size_t read_buffer_bytes = std::size_t{64} * 1024;
 // A chunked body takes the memory budget in steps of this many bytes.
 constexpr std::uint64_t chunked_step = std::uint64_t{64} * 1024;
-constexpr std::array<absl::string_view, 1> extensions{"binary_tensor_data"};
+constexpr std::array<absl::string_view, 2> extensions{"binary_tensor_data", "system_shared_memory"};
 // Where a body's binary data starts, in its buffer.
 constexpr std::uint64_t body_alignment = 64;
 

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace dlasync::examples::kserve {
 namespace {
@@ -67,6 +68,40 @@ std::optional<std::uint64_t> byte_size(dtype type, std::span<const std::int64_t>
     return std::nullopt;
   }
   return bytes;
+}
+
+absl::Status complete_input(input_tensor& in) {
+  const std::string label = absl::StrCat("input ", clip(in.name));
+  absl::StatusOr<dtype> type = dtype_of(in.datatype);
+  if (!type.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(label, ": ", type.status().message()));
+  }
+  in.type = *type;
+  if (in.shape.size() > max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat("shape of ", label, " has ", in.shape.size(),
+                                                   " dimensions; at most ", max_rank));
+  }
+  for (const std::int64_t extent : in.shape) {
+    if (extent < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape of ", label, " holds ", extent, ": extents are integers >= 0"));
+    }
+  }
+  const std::optional<std::uint64_t> bytes = byte_size(in.type, in.shape);
+  if (!bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(in.shape, ","), "] of ",
+                                                   label, " overflows 64 bits in bytes"));
+  }
+  in.bytes = *bytes;
+  return absl::OkStatus();
+}
+
+absl::Status check_shm_size(const input_tensor& in) {
+  if (!in.shm || in.shm->byte_size == in.bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("shared_memory_byte_size of input ", clip(in.name), " is ", in.shm->byte_size,
+                   " bytes, but its shape [", absl::StrJoin(in.shape, ","), "] of ", in.datatype,
+                   " takes ", in.bytes));
 }
 
 std::string clip(absl::string_view text, std::size_t max) {

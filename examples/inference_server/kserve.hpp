@@ -70,7 +70,20 @@ struct input_tensor {
   std::uint64_t bytes = 0;
   std::shared_ptr<void> owner;
   std::optional<shm_ref> shm;
+  bool read_only = false;  // bytes the server may not write (a gRPC message's)
 };
+
+// Dimensions a tensor in a request may have.
+inline constexpr std::size_t max_rank = 32;
+
+// Sets `in.type` and `in.bytes` from its datatype and shape. InvalidArgument
+// naming the input for a datatype dtype_of refuses, more than max_rank
+// dimensions, a negative extent, or a size that overflows 64 bits.
+absl::Status complete_input(input_tensor& in);
+
+// InvalidArgument when `in` names a region whose byte size is not what its
+// shape and datatype take.
+absl::Status check_shm_size(const input_tensor& in);
 
 // An output the request asks for; `binary` is its binary_data parameter,
 // `shm` the region it is to be written into.

@@ -242,22 +242,14 @@ absl::StatusOr<input_tensor> parse_input(const json& j, std::size_t index) {
         absl::StrCat(label, " needs a \"datatype\" that is a string"));
   }
   in.datatype = datatype->get<std::string>();
-  absl::StatusOr<dtype> type = dtype_of(in.datatype);
-  if (!type.ok())
-    return absl::InvalidArgumentError(absl::StrCat(label, ": ", type.status().message()));
-  in.type = *type;
   const auto shape = j.find("shape");
   if (shape == j.end())
     return absl::InvalidArgumentError(absl::StrCat(label, " needs a \"shape\""));
   absl::StatusOr<std::vector<std::int64_t>> dims = parse_shape(*shape, label);
   if (!dims.ok()) return dims.status();
   in.shape = *std::move(dims);
-  const std::optional<std::uint64_t> bytes = byte_size(in.type, in.shape);
-  if (!bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(in.shape, ","), "] of ",
-                                                   label, " overflows 64 bits in bytes"));
-  }
-  in.bytes = *bytes;
+  const absl::Status completed = complete_input(in);
+  if (!completed.ok()) return completed;
   return in;
 }
 
@@ -334,12 +326,8 @@ absl::StatusOr<infer_request> parse_infer_request(const request_body& body, absl
                        "and shared_memory_region"));
     }
     if (in->shm) {
-      if (in->shm->byte_size != in->bytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("shared_memory_byte_size of ", label, " is ", in->shm->byte_size,
-                         " bytes, but its shape [", absl::StrJoin(in->shape, ","), "] of ",
-                         in->datatype, " takes ", in->bytes));
-      }
+      const absl::Status sized = check_shm_size(*in);
+      if (!sized.ok()) return sized;
     } else if (binary_size != nullptr) {
       if (!body.header_length) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -30,9 +30,6 @@
 
 namespace dlasync::examples::kserve {
 
-// Dimensions a tensor in a request may have.
-inline constexpr std::size_t max_rank = 32;
-
 // A request's body as it arrived.
 struct request_body {
   std::shared_ptr<std::byte[]> bytes;

@@ -126,6 +126,7 @@ asio::awaitable<absl::StatusOr<tensor>> model_handler::import_input(const input_
   d.data = in.data;
   d.dtype = in.type;
   d.shape = in.shape;
+  if (in.read_only) d.flags = flag_read_only;  // a model that writes gets a copy
   // The input's buffer lives while the tensor views it.
   managed_tensor source = make_managed_tensor(std::move(d), [owner = in.owner] {});
   // Elements are read where they lie only when aligned to their size: binary

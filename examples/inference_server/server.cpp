@@ -47,6 +47,7 @@
 #include "common/target.hpp"
 #include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
+#include "grpc_front.hpp"
 #include "http_front.hpp"
 #include "kserve_models.hpp"
 #include "request_handler.hpp"
@@ -89,6 +90,11 @@ ABSL_FLAG(int, http_port, -1,
           "Also serve the Open Inference Protocol (KServe v2) over HTTP/1.1 on this port (0 "
           "picks a free one, see --http_port_file; -1: no REST front).");
 ABSL_FLAG(std::string, http_port_file, "", "Write the HTTP port to this file once listening.");
+ABSL_FLAG(int, grpc_port, -1,
+          "Also serve the Open Inference Protocol's gRPC service (inference."
+          "GRPCInferenceService) on this port (0 picks a free one, see --grpc_port_file; -1: no "
+          "gRPC front).");
+ABSL_FLAG(std::string, grpc_port_file, "", "Write the gRPC port to this file once listening.");
 ABSL_FLAG(int, http_max_header_kib, 16,
           "Largest HTTP request head (request line and headers) accepted, in KiB; a larger one "
           "gets 431 and the connection is closed.");
@@ -287,6 +293,27 @@ int run() {
       http_accepting->start();
     }
   }
+  std::unique_ptr<grpc_front> grpc;
+  if (absl::GetFlag(FLAGS_grpc_port) >= 0) {
+    grpc_front::options go;
+    go.address = absl::GetFlag(FLAGS_address);
+    go.port = absl::GetFlag(FLAGS_grpc_port);
+    go.max_message = limits.max_body;
+    absl::StatusOr<std::unique_ptr<grpc_front>> started =
+        grpc_front::start(go, rt.get_executor(), models, shm, memory, pool, stats);
+    if (!started.ok()) {
+      std::fprintf(stderr, "dlasync_server: %s\n", started.status().ToString().c_str());
+      request_stop();
+    } else {
+      grpc = *std::move(started);
+      std::printf("dlasync server listening for gRPC (KServe v2) on %s:%d\n",
+                  absl::GetFlag(FLAGS_address).c_str(), grpc->port());
+      std::fflush(stdout);
+      if (!absl::GetFlag(FLAGS_grpc_port_file).empty()) {
+        std::ofstream(absl::GetFlag(FLAGS_grpc_port_file)) << grpc->port() << "\n";
+      }
+    }
+  }
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
   if (absl::GetFlag(FLAGS_ucx_port) >= 0) {
     ucx_front::options uo;
@@ -325,6 +352,7 @@ int run() {
   }
 #endif
   stop.get_future().wait();
+  if (grpc) grpc->stop();  // waits for the calls under way
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
   if (ucx) {
     ucx->stop();

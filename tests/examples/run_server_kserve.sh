@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Starts the inference server with its REST front (the Open Inference
-# Protocol, KServe v2), drives every endpoint with curl, then runs the
-# protocol tests in kserve_http_test.py (raw sockets for malformed, hostile
-# and pipelined requests; Triton's own client library, tritonclient, where
-# the Python given has it), stops the server with SIGTERM and checks its
+# Starts the inference server with its REST and gRPC fronts (the Open
+# Inference Protocol, KServe v2), drives every REST endpoint with curl, then
+# runs the protocol tests in kserve_http_test.py (raw sockets for malformed,
+# hostile and pipelined requests) and kserve_grpc_test.py, with Triton's own
+# client library, tritonclient, where the Python given has it (gRPC needs
+# it), stops the server with SIGTERM and checks its
 # report: nothing in flight, the memory budget all given back.
 #   run_server_kserve.sh SERVER PYTHON [server flags...]
 # With DLASYNC_REQUIRE_TRITONCLIENT=1, a PYTHON without tritonclient fails.
@@ -28,16 +29,19 @@ fail() {
 }
 
 "$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
+  --grpc_port=0 --grpc_port_file="$dir/grpc_port" \
   --max_frame_mib=4 --memory_budget_mib=32 --read_timeout_ms=1500 --idle_timeout_ms=20000 \
   --http_max_header_kib=8 --allow_client_shm "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
-  [ -s "$dir/http_port" ] && break
+  [ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
   sleep 0.1
 done
-[ -s "$dir/http_port" ] || fail "the server did not start listening for HTTP"
+[ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] ||
+  fail "the server did not start listening for HTTP and gRPC"
 url="127.0.0.1:$(cat "$dir/http_port")"
+grpc_url="127.0.0.1:$(cat "$dir/grpc_port")"
 
 # expect METHOD PATH STATUS BODY_PATTERN [curl args...]: the status, and the
 # body matching an extended regular expression ("" for an empty body).
@@ -58,7 +62,7 @@ expect() {
 
 expect GET /v2/health/live 200 ""
 expect GET /v2/health/ready 200 ""
-expect GET /v2 200 '^\{"extensions":\["binary_tensor_data"\],"name":"dlasync","version":"[^"]+"\}$'
+expect GET /v2 200 '^\{"extensions":\["binary_tensor_data","system_shared_memory"\],"name":"dlasync","version":"[^"]+"\}$'
 expect GET /v2/models/sum 200 \
   '^\{"inputs":\[\{"datatype":"FP32","name":"INPUT0","shape":\[-1\]\}\],"name":"sum","outputs":\[\{"datatype":"FP64","name":"SUM","shape":\[1\]\}\],"platform":"dlasync","versions":\["1"\]\}$'
 expect GET /v2/models/echo/versions/1 200 '"name":"echo"'
@@ -87,9 +91,9 @@ expect POST /v2/models/sum/infer 417 '"error":"Expect: something is not served' 
 
 # The protocol tests, with the same server.
 require=${DLASYNC_REQUIRE_TRITONCLIENT:-0}
-DLASYNC_HTTP="$url" DLASYNC_REQUIRE_TRITONCLIENT="$require" \
-  "$python" -m pytest -q -p no:cacheprovider "$here/kserve_http_test.py" ||
-  fail "the protocol tests failed"
+DLASYNC_HTTP="$url" DLASYNC_GRPC="$grpc_url" DLASYNC_REQUIRE_TRITONCLIENT="$require" \
+  "$python" -m pytest -q -p no:cacheprovider "$here/kserve_http_test.py" \
+  "$here/kserve_grpc_test.py" || fail "the protocol tests failed"
 
 kill -TERM "$server_pid"
 wait "$server_pid"

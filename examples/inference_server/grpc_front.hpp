@@ -1,0 +1,69 @@
+// The inference server's gRPC front: the Open Inference Protocol's
+// inference.GRPCInferenceService (grpc_service.proto) with Debian's gRPC.
+//
+// gRPC's callback API takes each call on gRPC's threads; an inference is
+// handed to the server's Asio executor as a coroutine, so one import path
+// (kserve_models.hpp) serves every front. The call is finished when the
+// last user of the request's bytes lets go: tensors imported in place from
+// raw_input_contents view the request message itself, so the message, which
+// gRPC frees once the call is finished, lives until their DLPack deleters
+// have run.
+//
+// A request message is at most --max_frame_mib (larger ones get
+// RESOURCE_EXHAUSTED from gRPC before any of it reaches the server), and
+// its bytes are taken from the memory budget while it is handled
+// (RESOURCE_EXHAUSTED when the budget has no room now). Errors carry the
+// absl::StatusCode of the error as the gRPC status code (the two share
+// their numbering) and the same messages as the REST front.
+//
+// Thread safety: all members are safe from any thread; stop() waits for the
+// calls under way, so not from the executor's threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "asio/any_io_executor.hpp"
+#include "buffer_pool.hpp"
+#include "dlasync/dlasync.hpp"
+#include "kserve_models.hpp"
+#include "server_stats.hpp"
+#include "shm_registry.hpp"
+
+namespace dlasync::examples {
+
+class grpc_front {
+ public:
+  struct options {
+    std::string address = "127.0.0.1";
+    int port = 0;  // 0 picks a free one
+    std::uint32_t max_message = 0;
+  };
+
+  // Serves on `o.address`:`o.port` until stop(). Everything passed in
+  // outlives this object.
+  static absl::StatusOr<std::unique_ptr<grpc_front>> start(const options& o,
+                                                           asio::any_io_executor executor,
+                                                           kserve::model_handler& models,
+                                                           kserve::shm_registry& shm,
+                                                           std::shared_ptr<memory_budget> budget,
+                                                           buffer_pool& pool, server_stats& stats);
+  ~grpc_front();
+
+  int port() const { return port_; }
+  // Stops taking calls and waits until those under way have finished.
+  void stop();
+
+ private:
+  class service;
+  grpc_front() = default;
+
+  std::unique_ptr<service> service_;
+  struct server_holder;
+  std::unique_ptr<server_holder> server_;
+  int port_ = 0;
+};
+
+}  // namespace dlasync::examples

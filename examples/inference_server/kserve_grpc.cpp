@@ -1,0 +1,284 @@
+#include "kserve_grpc.hpp"
+
+#include <cstring>
+#include <limits>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace dlasync::examples::kserve {
+namespace {
+
+using parameters = google::protobuf::Map<std::string, inference::InferParameter>;
+
+const char* kind_of(const inference::InferParameter& p) {
+  switch (p.parameter_choice_case()) {
+    case inference::InferParameter::kBoolParam: return "a bool_param";
+    case inference::InferParameter::kInt64Param: return "an int64_param";
+    case inference::InferParameter::kStringParam: return "a string_param";
+    case inference::InferParameter::kDoubleParam: return "a double_param";
+    case inference::InferParameter::kUint64Param: return "a uint64_param";
+    default: return "empty";
+  }
+}
+
+// The parameter `key` as a byte count (int64_param >= 0 or uint64_param).
+absl::StatusOr<std::optional<std::uint64_t>> count_param(const parameters& params,
+                                                         const std::string& key,
+                                                         const std::string& label) {
+  const auto it = params.find(key);
+  if (it == params.end()) return std::nullopt;
+  const inference::InferParameter& p = it->second;
+  if (p.parameter_choice_case() == inference::InferParameter::kUint64Param) {
+    return p.uint64_param();
+  }
+  if (p.parameter_choice_case() == inference::InferParameter::kInt64Param && p.int64_param() >= 0) {
+    return static_cast<std::uint64_t>(p.int64_param());
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(key, " of ", label, " is ", kind_of(p), ", not a count >= 0"));
+}
+
+// The shared-memory region that `params` name, if any.
+absl::StatusOr<std::optional<shm_ref>> shm_of(const parameters& params, const std::string& label) {
+  const auto region = params.find("shared_memory_region");
+  absl::StatusOr<std::optional<std::uint64_t>> size =
+      count_param(params, "shared_memory_byte_size", label);
+  if (!size.ok()) return size.status();
+  absl::StatusOr<std::optional<std::uint64_t>> offset =
+      count_param(params, "shared_memory_offset", label);
+  if (!offset.ok()) return offset.status();
+  if (region == params.end()) {
+    if (*size || *offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label,
+                       " has shared_memory_byte_size or shared_memory_offset but no "
+                       "shared_memory_region"));
+    }
+    return std::nullopt;
+  }
+  if (region->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+    return absl::InvalidArgumentError(absl::StrCat("shared_memory_region of ", label, " is ",
+                                                   kind_of(region->second),
+                                                   ", not a string_param"));
+  }
+  if (!*size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, " names a shared-memory region but no shared_memory_byte_size"));
+  }
+  return shm_ref{region->second.string_param(), offset->value_or(0), **size};
+}
+
+template <typename T, typename Field>
+absl::Status put_all(const Field& values, std::byte* out, const std::string& label,
+                     const std::string& datatype) {
+  std::uint64_t index = 0;
+  for (const auto v : values) {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      const bool fits = std::is_signed_v<decltype(v)>
+                            ? static_cast<std::int64_t>(v) >= std::numeric_limits<T>::min() &&
+                                  static_cast<std::int64_t>(v) <= std::numeric_limits<T>::max()
+                            : static_cast<std::uint64_t>(v) <=
+                                  static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+      if (!fits) {
+        return absl::InvalidArgumentError(absl::StrCat("element ", index, " of ", label, " is ", v,
+                                                       ", not a value of ", datatype));
+      }
+    }
+    const auto value = static_cast<T>(v);
+    std::memcpy(out, &value, sizeof value);
+    out += sizeof value;
+    ++index;
+  }
+  return absl::OkStatus();
+}
+
+// The number of elements `c` holds for `type`, or -1 for a datatype typed
+// contents cannot carry.
+std::int64_t contents_count(const inference::InferTensorContents& c, dtype type) {
+  if (type == dtypes::bool8) return c.bool_contents_size();
+  if (type == dtypes::int8 || type == dtypes::int16 || type == dtypes::int32) {
+    return c.int_contents_size();
+  }
+  if (type == dtypes::int64) return c.int64_contents_size();
+  if (type == dtypes::uint8 || type == dtypes::uint16 || type == dtypes::uint32) {
+    return c.uint_contents_size();
+  }
+  if (type == dtypes::uint64) return c.uint64_contents_size();
+  if (type == dtypes::float32) return c.fp32_contents_size();
+  if (type == dtypes::float64) return c.fp64_contents_size();
+  return -1;
+}
+
+absl::Status convert(const inference::InferTensorContents& c, input_tensor& in, std::byte* out) {
+  const std::string label = absl::StrCat("input ", clip(in.name));
+  const dtype t = in.type;
+  const std::string& d = in.datatype;
+  if (t == dtypes::bool8) return put_all<bool>(c.bool_contents(), out, label, d);
+  if (t == dtypes::int8) return put_all<std::int8_t>(c.int_contents(), out, label, d);
+  if (t == dtypes::int16) return put_all<std::int16_t>(c.int_contents(), out, label, d);
+  if (t == dtypes::int32) return put_all<std::int32_t>(c.int_contents(), out, label, d);
+  if (t == dtypes::int64) return put_all<std::int64_t>(c.int64_contents(), out, label, d);
+  if (t == dtypes::uint8) return put_all<std::uint8_t>(c.uint_contents(), out, label, d);
+  if (t == dtypes::uint16) return put_all<std::uint16_t>(c.uint_contents(), out, label, d);
+  if (t == dtypes::uint32) return put_all<std::uint32_t>(c.uint_contents(), out, label, d);
+  if (t == dtypes::uint64) return put_all<std::uint64_t>(c.uint64_contents(), out, label, d);
+  if (t == dtypes::float32) return put_all<float>(c.fp32_contents(), out, label, d);
+  return put_all<double>(c.fp64_contents(), out, label, d);
+}
+
+// The typed contents of `in`, in a buffer taken from `budget`.
+absl::Status take_contents(const inference::InferTensorContents& c, input_tensor& in,
+                           memory_budget& budget) {
+  const std::string label = absl::StrCat("input ", clip(in.name));
+  const std::int64_t seen = contents_count(c, in.type);
+  if (seen < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, " is ", in.datatype,
+                     ", which typed contents cannot carry exactly: send it in raw_input_contents"));
+  }
+  const std::uint64_t want = *element_count(in.shape);
+  if (static_cast<std::uint64_t>(seen) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("contents of ", label, " hold ", seen, " elements in the field of ",
+                     in.datatype, "; its shape [", absl::StrJoin(in.shape, ","), "] has ", want));
+  }
+  const std::uint64_t bytes = in.bytes;
+  if (bytes > 0 && !budget.try_acquire(bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "contents of ", label, " take ", bytes,
+        " bytes once converted, more than the memory budget has free now: try again, or send "
+        "them in raw_input_contents"));
+  }
+  std::shared_ptr<std::byte[]> buffer(new std::byte[bytes > 0 ? bytes : 1],
+                                      [&budget, bytes](std::byte* p) {
+                                        delete[] p;
+                                        if (bytes > 0) budget.release(bytes);
+                                      });
+  absl::Status s = convert(c, in, buffer.get());
+  if (!s.ok()) return s;
+  in.data = buffer.get();
+  in.owner = std::move(buffer);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m,
+                                           const std::shared_ptr<void>& owner,
+                                           memory_budget& budget) {
+  infer_request r;
+  r.model = m.model_name();
+  r.version = m.model_version();
+  r.id = m.id();
+  const int raw_entries = m.raw_input_contents_size();
+  int raw_taken = 0;
+  std::set<std::string> names;
+  for (const inference::ModelInferRequest::InferInputTensor& t : m.inputs()) {
+    input_tensor in;
+    in.name = t.name();
+    in.datatype = t.datatype();
+    in.shape.assign(t.shape().begin(), t.shape().end());
+    const std::string label = absl::StrCat("input ", clip(in.name));
+    if (!names.insert(in.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(label, " is given twice"));
+    }
+    const absl::Status completed = complete_input(in);
+    if (!completed.ok()) return completed;
+    absl::StatusOr<std::optional<shm_ref>> region = shm_of(t.parameters(), label);
+    if (!region.ok()) return region.status();
+    in.shm = *std::move(region);
+    if (in.shm) {
+      if (t.has_contents()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            label, " gives its bytes more than one way: contents and shared_memory_region"));
+      }
+      const absl::Status sized = check_shm_size(in);
+      if (!sized.ok()) return sized;
+    } else if (raw_entries > 0) {
+      if (t.has_contents()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(label,
+                         " has contents, but the request gives raw_input_contents: give one or the "
+                         "other for all inputs"));
+      }
+      if (raw_taken == raw_entries) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "raw_input_contents holds ", raw_entries, " entries; ", label,
+            " and more take none of them: one entry an input that names no shared memory"));
+      }
+      const std::string& bytes = m.raw_input_contents(raw_taken);
+      if (bytes.size() != in.bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("raw_input_contents[", raw_taken, "] of ", label, " holds ", bytes.size(),
+                         " bytes; its shape [", absl::StrJoin(in.shape, ","), "] of ", in.datatype,
+                         " takes ", in.bytes));
+      }
+      ++raw_taken;
+      // The message is gRPC's, and const: a model that writes gets a copy.
+      in.data = reinterpret_cast<std::byte*>(const_cast<char*>(bytes.data()));
+      in.read_only = true;
+      in.owner = owner;
+    } else if (t.has_contents()) {
+      const absl::Status taken = take_contents(t.contents(), in, budget);
+      if (!taken.ok()) return taken;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          label, " has no contents, raw_input_contents entry or shared_memory_region"));
+    }
+    r.inputs.push_back(std::move(in));
+  }
+  if (raw_taken != raw_entries) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("raw_input_contents holds ", raw_entries, " entries; ", raw_taken,
+                     " inputs take them: one entry an input that names no shared memory"));
+  }
+  for (const inference::ModelInferRequest::InferRequestedOutputTensor& o : m.outputs()) {
+    output_request out;
+    out.name = o.name();
+    absl::StatusOr<std::optional<shm_ref>> region =
+        shm_of(o.parameters(), absl::StrCat("output ", clip(out.name)));
+    if (!region.ok()) return region.status();
+    out.shm = *std::move(region);
+    r.outputs.push_back(std::move(out));
+  }
+  return r;
+}
+
+void to_message(const infer_response& r, inference::ModelInferResponse& m) {
+  m.set_model_name(r.model);
+  m.set_model_version(r.version);
+  m.set_id(r.id);
+  for (const output_tensor& o : r.outputs) {
+    inference::ModelInferResponse::InferOutputTensor* t = m.add_outputs();
+    t->set_name(o.name);
+    t->set_datatype(o.datatype);
+    for (const std::int64_t extent : o.shape) t->add_shape(extent);
+    std::string* raw = m.add_raw_output_contents();
+    if (o.shm) {
+      (*t->mutable_parameters())["shared_memory_region"].set_string_param(o.shm->region);
+      (*t->mutable_parameters())["shared_memory_byte_size"].set_int64_param(
+          static_cast<std::int64_t>(o.bytes.size()));
+    } else {
+      raw->assign(reinterpret_cast<const char*>(o.bytes.data()), o.bytes.size());
+    }
+  }
+}
+
+void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m) {
+  m.set_name(meta.name);
+  for (const std::string& v : meta.versions) m.add_versions(v);
+  m.set_platform(meta.platform);
+  const auto add = [](const tensor_spec& s, inference::ModelMetadataResponse::TensorMetadata* t) {
+    t->set_name(s.name);
+    t->set_datatype(s.datatype);
+    for (const std::int64_t extent : s.shape) t->add_shape(extent);
+  };
+  for (const tensor_spec& s : meta.inputs) add(s, m.add_inputs());
+  for (const tensor_spec& s : meta.outputs) add(s, m.add_outputs());
+}
+
+}  // namespace dlasync::examples::kserve
