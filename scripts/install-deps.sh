@@ -4,7 +4,8 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++-12 pkg-config libasio-dev libabsl-dev libdlpack-dev catch2
-          libbenchmark-dev libhttp-parser-dev nlohmann-json3-dev "$@")
+          libbenchmark-dev libhttp-parser-dev nlohmann-json3-dev libgrpc++-dev libprotobuf-dev
+          protobuf-compiler protobuf-compiler-grpc "$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
