@@ -37,6 +37,9 @@ import threading
 import time
 from multiprocessing import shared_memory
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kserve_bodies import grpc_body  # noqa: E402
+
 
 def start_server(build, work):
     port_file = os.path.join(work, "http_port")
@@ -120,30 +123,6 @@ def shm_rate(server_port, region, size, requests):
             status, body = read_response(s)
             assert status == 200, body
         return size * requests / (time.perf_counter() - start)
-
-
-def varint(n):
-    out = b""
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out += bytes([byte | 0x80])
-        else:
-            return out + bytes([byte])
-
-
-def delimited(number, payload):
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def grpc_body(payload):
-    """A gRPC frame of a ModelInferRequest to sum with `payload` as INPUT0's raw
-    contents, encoded by hand (fields 1, 5 and 7; the tensor's 1, 2 and 3)."""
-    shape = varint(len(payload) // 4)
-    tensor = delimited(1, b"INPUT0") + delimited(2, b"FP32") + delimited(3, shape)
-    message = delimited(1, b"sum") + delimited(5, tensor) + delimited(7, payload)
-    return b"\0" + struct.pack(">I", len(message)) + message
 
 
 def large_rates(server_port, sink_port, payload, requests):

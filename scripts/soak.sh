@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Soak: the inference server under many connections, with valid and
 # malformed frames and a memory budget far below the offered load, for a
-# bounded time. The server's resident set size is sampled once a second.
-# Passes when every valid request was answered correctly, every malformed
-# frame (bodies beyond the whole budget among them) got its specific error,
-# the server stopped cleanly, and its memory stayed flat over the second
-# half of the run.
+# bounded time, and at the same time KServe v2 inference requests over its
+# REST and gRPC fronts (h2load, 64 KiB tensors). The server's resident set
+# size is sampled once a second. Passes when every valid frame was answered
+# correctly, every malformed frame (bodies beyond the whole budget among
+# them) got its specific error, every REST and gRPC request completed (REST
+# with 200), the server stopped cleanly, and its memory stayed flat over the
+# second half of the run.
 #
 #   scripts/soak.sh                     60 s on the host
 #   scripts/soak.sh 600 --sim_gpus=2    10 minutes onto 2 simulated GPUs
@@ -23,7 +25,7 @@ budget_mib=${SOAK_BUDGET_MIB:-4}
 max_slope=${SOAK_MAX_SLOPE:-2}
 frame_mib=$((budget_mib * 2))
 
-bash scripts/install-deps.sh
+bash scripts/install-deps.sh nghttp2-client
 cmake -S . -B build-demo -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=ON -DDLASYNC_BUILD_BENCH=OFF >/dev/null
 cmake --build build-demo --parallel "$(nproc)" --target dlasync_server dlasync_load
@@ -45,15 +47,17 @@ fail() {
 }
 
 build-demo/examples/dlasync_server --port=0 --port_file="$dir/port" \
+  --http_port=0 --http_port_file="$dir/http_port" --grpc_port=0 --grpc_port_file="$dir/grpc_port" \
   --memory_budget_mib="$budget_mib" --connection_budget_mib="$budget_mib" \
   --max_frame_mib="$frame_mib" "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && break
+  [ -s "$dir/port" ] && [ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
   sleep 0.1
 done
-[ -s "$dir/port" ] || fail "the server did not start listening"
+[ -s "$dir/grpc_port" ] || fail "the server did not start listening"
+python3 bench/kserve_bodies.py "$dir" 16384  # 64 KiB of FP32
 
 # One sample a second: seconds since the start, resident set in KiB.
 (
@@ -69,6 +73,14 @@ sampler_pid=$!
 # Requests of up to 2 MiB (2^18 elements of 8 bytes) from many connections
 # against a budget of a few MiB: most of them wait for room.
 echo "soak: $seconds s, $connections connections, budget $budget_mib MiB, server flags: $*"
+# KServe v2 beside the frames, for the same time: REST (HTTP/1.1) and gRPC.
+h2load --h1 -D "$seconds" -c 8 -m 1 -d "$dir/rest.body" -H "$(cat "$dir/rest.header")" \
+  "http://127.0.0.1:$(cat "$dir/http_port")/v2/models/sum/infer" >"$dir/rest.out" 2>&1 &
+rest_pid=$!
+h2load -D "$seconds" -c 8 -m 1 -d "$dir/grpc.body" -H 'content-type: application/grpc' \
+  -H 'te: trailers' "http://127.0.0.1:$(cat "$dir/grpc_port")/inference.GRPCInferenceService/ModelInfer" \
+  >"$dir/grpc.out" 2>&1 &
+grpc_pid=$!
 client_status=0
 build-demo/examples/dlasync_load --port="$(cat "$dir/port")" --connections="$connections" \
   --seconds="$seconds" --malformed=0.1 --max_elements=262144 \
@@ -76,6 +88,15 @@ build-demo/examples/dlasync_load --port="$(cat "$dir/port")" --connections="$con
   >"$dir/client.out" 2>&1 || client_status=$?
 cat "$dir/client.out"
 
+wait "$rest_pid" || fail "h2load (REST) failed: $(cat "$dir/rest.out")"
+wait "$grpc_pid" || fail "h2load (gRPC) failed: $(cat "$dir/grpc.out")"
+for front in rest grpc; do
+  echo "soak: $front: $(grep -E '^(requests|status codes|finished in):' "$dir/$front.out" | tr '\n' ' ')"
+  grep -Eq '^requests: [0-9]+ total, [0-9]+ started, [0-9]+ done, [1-9][0-9]* succeeded, 0 failed, 0 errored, 0 timeout' \
+    "$dir/$front.out" || fail "$front requests failed: $(cat "$dir/$front.out")"
+done
+grep -Eq '^status codes: [1-9][0-9]* 2xx, 0 3xx, 0 4xx, 0 5xx' "$dir/rest.out" ||
+  fail "REST requests got other statuses than 200"
 kill "$sampler_pid" 2>/dev/null || true
 wait "$sampler_pid" 2>/dev/null || true
 sampler_pid=""
