@@ -14,13 +14,14 @@ cmake -S . -B build-tidy -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DDLASYNC_BUILD_TESTS=ON -DDLASYNC_BUILD_EXAMPLES=ON \
   -DDLASYNC_BUILD_BENCH=ON -DDLASYNC_BUILD_PYTHON=ON -DPYTHON_EXECUTABLE=/usr/bin/python3 \
   >/dev/null
-# Sources that the build generates (the inference server's gRPC messages, from
-# its .proto) are made, as tidy reads the files that include them.
-cmake --build build-tidy --target dlasync_examples_generated >/dev/null
 # The fuzzers build only with clang and DLASYNC_FUZZ (scripts/fuzz.sh's configuration).
 cmake -S . -B build-tidy-fuzz -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DDLASYNC_FUZZ=ON -DDLASYNC_WITH_CUDA=OFF \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF >/dev/null
+# Sources that the builds generate (the inference server's gRPC messages, from
+# its .proto) are made, as tidy reads the files that include them.
+cmake --build build-tidy --target dlasync_examples_kserve_proto_sources >/dev/null
+cmake --build build-tidy-fuzz --target dlasync_fuzz_kserve_proto_sources >/dev/null
 
 # Which database compiles each file: "<build folder> <file>" lines, the fuzzers' from
 # build-tidy-fuzz. A tracked source no database holds is named, not checked.
