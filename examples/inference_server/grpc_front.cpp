@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "asio/co_spawn.hpp"
 #include "asio/detached.hpp"
+#include "common/awaitables.hpp"
 #include "grpc_service.grpc.pb.h"
 #include "kserve_grpc.hpp"
 
@@ -139,25 +140,30 @@ class grpc_front::service final : public inference::GRPCInferenceService::Callba
                                        const inference::ModelInferRequest* request,
                                        inference::ModelInferResponse* response) override {
     const std::uint64_t bytes = request->ByteSizeLong();
-    if (bytes > 0 && !budget_->try_acquire(bytes)) {
-      return finish(ctx, absl::ResourceExhaustedError(absl::StrCat(
-                             "a request of ", bytes,
-                             " bytes finds no room in the memory budget now: try again")));
+    if (bytes > budget_->limit()) {
+      return finish(ctx, over_whole_budget(bytes, budget_->limit()));
     }
     auto* reactor = new infer_reactor();  // deletes itself in OnDone
     stats_.bytes_received.fetch_add(bytes);
     // The call finishes when the last user of the request's bytes lets go:
     // this coroutine, or a tensor that views raw_input_contents in place.
-    auto status = std::make_shared<grpc::Status>();
-    std::shared_ptr<void> call(nullptr, [reactor, status, budget = budget_, bytes](void*) {
-      budget->release(bytes);
-      reactor->finish(*status);
+    // Its bytes count against the memory budget from the grant until then.
+    auto state = std::make_shared<call_state>();
+    std::shared_ptr<void> call(nullptr, [reactor, state, budget = budget_](void*) {
+      if (state->held > 0) budget->release(state->held);
+      reactor->finish(state->status);
     });
-    asio::co_spawn(executor_, infer(request, response, std::move(call), status), asio::detached);
+    asio::co_spawn(executor_, infer(request, response, bytes, std::move(call), state),
+                   asio::detached);
     return reactor;
   }
 
  private:
+  struct call_state {
+    grpc::Status status;
+    std::uint64_t held = 0;  // bytes granted from the memory budget
+  };
+
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
     stats_.count_answer(s.code());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -165,12 +171,18 @@ class grpc_front::service final : public inference::GRPCInferenceService::Callba
     return reactor;
   }
 
+  // Waits for room in the memory budget, as the other fronts' requests do,
+  // then answers.
   asio::awaitable<void> infer(const inference::ModelInferRequest* request,
-                              inference::ModelInferResponse* response, std::shared_ptr<void> call,
-                              std::shared_ptr<grpc::Status> status) {
-    const absl::Status s = co_await answer(*request, *response, call);
+                              inference::ModelInferResponse* response, std::uint64_t bytes,
+                              std::shared_ptr<void> call, std::shared_ptr<call_state> state) {
+    absl::Status s = bytes > 0 ? co_await acquire(*budget_, bytes) : absl::OkStatus();
+    if (s.ok()) {
+      state->held = bytes;
+      s = co_await answer(*request, *response, call);
+    }
     stats_.count_answer(s.code());
-    *status = to_grpc(s);
+    state->status = to_grpc(s);
     if (!s.ok()) response->Clear();
   }
 
@@ -210,6 +222,11 @@ absl::StatusOr<std::unique_ptr<grpc_front>> grpc_front::start(
   builder.RegisterService(front->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message));
+  if (o.memory_quota > 0) {
+    grpc::ResourceQuota quota("dlasync_server");
+    quota.Resize(static_cast<std::size_t>(o.memory_quota));
+    builder.SetResourceQuota(quota);
+  }
   front->server_ = std::make_unique<server_holder>();
   front->server_->server = builder.BuildAndStart();
   if (!front->server_->server || front->port_ == 0) {

@@ -11,8 +11,10 @@
 //
 // A request message is at most --max_frame_mib (larger ones get
 // RESOURCE_EXHAUSTED from gRPC before any of it reaches the server), and
-// its bytes are taken from the memory budget while it is handled
-// (RESOURCE_EXHAUSTED when the budget has no room now). Errors carry the
+// its bytes are taken from the memory budget while it is handled: it waits
+// for room, as the other fronts' requests do (RESOURCE_EXHAUSTED at once
+// when larger than the whole budget). gRPC's own memory (messages received,
+// waiting or not) is bounded by a resource quota of the budget's size. Errors carry the
 // absl::StatusCode of the error as the gRPC status code (the two share
 // their numbering) and the same messages as the REST front.
 //
@@ -40,6 +42,7 @@ class grpc_front {
     std::string address = "127.0.0.1";
     int port = 0;  // 0 picks a free one
     std::uint32_t max_message = 0;
+    std::uint64_t memory_quota = 0;  // gRPC's own memory; 0: gRPC's default
   };
 
   // Serves on `o.address`:`o.port` until stop(). Everything passed in

@@ -296,7 +296,11 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
                        limits.max_body, " bytes (--max_frame_mib): send smaller requests"),
           true);
     }
-    if (length <= budget.limit() && length > limits.connection_budget) {
+    if (length > budget.limit()) {
+      co_return reply::error(413, absl::StatusCode::kResourceExhausted,
+                             over_whole_budget(length, budget.limit()).message(), true);
+    }
+    if (length > limits.connection_budget) {
       front_.stats_.refused_connection_budget.fetch_add(1);
       co_return reply::error(
           413, absl::StatusCode::kResourceExhausted,

@@ -299,6 +299,7 @@ int run() {
     go.address = absl::GetFlag(FLAGS_address);
     go.port = absl::GetFlag(FLAGS_grpc_port);
     go.max_message = limits.max_body;
+    go.memory_quota = limits.budget + limits.max_body;
     absl::StatusOr<std::unique_ptr<grpc_front>> started =
         grpc_front::start(go, rt.get_executor(), models, shm, memory, pool, stats);
     if (!started.ok()) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace dlasync::examples {
 
@@ -51,5 +52,13 @@ struct server_limits {
   std::chrono::milliseconds read_timeout{0};  // 0: none
   std::chrono::milliseconds idle_timeout{0};  // 0: none
 };
+
+// The refusal of a request of `bytes` bytes, more than the whole memory
+// budget of `budget` bytes: at once, as waiting for room would never end.
+inline absl::Status over_whole_budget(std::uint64_t bytes, std::uint64_t budget) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("request of ", bytes, " bytes exceeds the whole memory budget of ", budget,
+                   " bytes (--memory_budget_mib): send smaller tensors"));
+}
 
 }  // namespace dlasync::examples

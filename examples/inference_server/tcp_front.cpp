@@ -107,9 +107,15 @@ asio::awaitable<void> tcp_front::serve(tcp::socket& socket) {
       continue;
     }
     const std::uint32_t length = *body_length;
-    // A body larger than the whole budget is refused by acquire, at once.
     const bool within_budget = length <= budget_->limit();
-    if (within_budget && length > limits_.connection_budget) {
+    if (!within_budget) {
+      const absl::Status over = over_whole_budget(length, budget_->limit());
+      const response refusal{0, over.code(), 0, 0, std::string(over.message())};
+      const bool goes_on = co_await refuse(peer, refusal, length);
+      if (!goes_on) co_return;
+      continue;
+    }
+    if (length > limits_.connection_budget) {
       stats_.refused_connection_budget.fetch_add(1);
       const response refusal{
           0, absl::StatusCode::kResourceExhausted, 0, 0,
@@ -120,11 +126,9 @@ asio::awaitable<void> tcp_front::serve(tcp::socket& socket) {
       if (!goes_on) co_return;
       continue;
     }
-    if (within_budget) {
-      const got arriving = co_await peer.body_arriving(length);
-      if (arriving == got::late) co_await cut_off(peer, "the request's body");
-      if (arriving != got::all) co_return;
-    }
+    const got arriving = co_await peer.body_arriving(length);
+    if (arriving == got::late) co_await cut_off(peer, "the request's body");
+    if (arriving != got::all) co_return;
     const absl::Status granted = co_await acquire(*budget_, length);
     if (!granted.ok()) {
       const response refusal{0, granted.code(), 0, 0,

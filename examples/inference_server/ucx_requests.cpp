@@ -4,6 +4,7 @@
 #include "asio/co_spawn.hpp"
 #include "asio/detached.hpp"
 #include "asio/post.hpp"
+#include "server_stats.hpp"
 #include "ucx_front_state.hpp"
 
 namespace dlasync::examples {
@@ -149,9 +150,11 @@ void ucx_front::state::granted(const std::shared_ptr<ucx_request>& r, const absl
   }
   if (!status.ok()) {
     release_rendezvous(*r);
-    reply_locked(*r->conn,
-                 response{peek_request_id(r->head), status.code(), 0, 0,
-                          absl::StrCat("request of ", r->length, " bytes: ", status.message())});
+    const std::string why =
+        r->length > budget->limit()
+            ? std::string(over_whole_budget(r->length, budget->limit()).message())
+            : absl::StrCat("request of ", r->length, " bytes: ", status.message());
+    reply_locked(*r->conn, response{peek_request_id(r->head), status.code(), 0, 0, why});
     return;
   }
   // The body gives its bytes back to the budget when its last user lets go.
