@@ -170,17 +170,23 @@ absl::StatusOr<std::shared_ptr<const shm_registry::region>> shm_registry::find(
   return it->second;
 }
 
-absl::Status shm_registry::read(const shm_ref& ref, std::byte* out) const {
+absl::StatusOr<shm_registry::located> shm_registry::locate(const shm_ref& ref) const {
   absl::StatusOr<std::shared_ptr<const region>> r = find(ref.region);
   if (!r.ok()) return r.status();
   const shm_region_info& info = (*r)->info;
   const std::optional<std::uint64_t> at =
       file_offset(info.offset, info.byte_size, ref.offset, ref.byte_size);
   if (!at) return out_of_bounds(ref, info.byte_size);
+  return located{*std::move(r), *at};
+}
+
+absl::Status shm_registry::read(const shm_ref& ref, std::byte* out) const {
+  absl::StatusOr<located> l = locate(ref);
+  if (!l.ok()) return l.status();
   std::uint64_t done = 0;
   while (done < ref.byte_size) {
     const ssize_t n =
-        ::pread((*r)->fd, out + done, ref.byte_size - done, static_cast<off_t>(*at + done));
+        ::pread(l->r->fd, out + done, ref.byte_size - done, static_cast<off_t>(l->at + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return shrunk(ref);
     done += static_cast<std::uint64_t>(n);
@@ -189,12 +195,8 @@ absl::Status shm_registry::read(const shm_ref& ref, std::byte* out) const {
 }
 
 absl::Status shm_registry::write(const shm_ref& ref, std::span<const std::byte> bytes) const {
-  absl::StatusOr<std::shared_ptr<const region>> r = find(ref.region);
-  if (!r.ok()) return r.status();
-  const shm_region_info& info = (*r)->info;
-  const std::optional<std::uint64_t> at =
-      file_offset(info.offset, info.byte_size, ref.offset, ref.byte_size);
-  if (!at) return out_of_bounds(ref, info.byte_size);
+  absl::StatusOr<located> l = locate(ref);
+  if (!l.ok()) return l.status();
   if (bytes.size() > ref.byte_size) {
     return absl::InvalidArgumentError(absl::StrCat("the output takes ", bytes.size(),
                                                    " bytes; shared_memory_byte_size gives ",
@@ -203,13 +205,14 @@ absl::Status shm_registry::write(const shm_ref& ref, std::span<const std::byte> 
   // Never past the object's end: a write there would grow the client's
   // object instead of failing.
   struct stat st {};
-  if (::fstat((*r)->fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < *at + bytes.size()) {
+  if (::fstat(l->r->fd, &st) != 0 ||
+      static_cast<std::uint64_t>(st.st_size) < l->at + bytes.size()) {
     return shrunk(ref);
   }
   std::uint64_t done = 0;
   while (done < bytes.size()) {
-    const ssize_t n = ::pwrite((*r)->fd, bytes.data() + done, bytes.size() - done,
-                               static_cast<off_t>(*at + done));
+    const ssize_t n = ::pwrite(l->r->fd, bytes.data() + done, bytes.size() - done,
+                               static_cast<off_t>(l->at + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return shrunk(ref);
     done += static_cast<std::uint64_t>(n);

@@ -82,7 +82,15 @@ class shm_registry {
 
  private:
   struct region;
+  // A registered region, and the file offset of a reference's first byte
+  // in its object.
+  struct located {
+    std::shared_ptr<const region> r;
+    std::uint64_t at = 0;
+  };
   absl::StatusOr<std::shared_ptr<const region>> find(const std::string& name) const;
+  // The region `ref` names, with its bounds checked (read's errors).
+  absl::StatusOr<located> locate(const shm_ref& ref) const;
   absl::Status denied() const;
 
   const bool allowed_;
