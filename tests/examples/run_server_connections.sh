@@ -12,24 +12,13 @@
 # Every wait is bounded.
 #   run_server_connections.sh SERVER CLIENT [server flags...]
 set -uo pipefail
-export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
-dir=$(mktemp -d)
-server_pid=""
+source "$(dirname "$0")/server_test_lib.sh"
 held=()
-cleanup() {
+on_exit() {
   for fd in "${held[@]}"; do exec {fd}>&-; done
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  grep -v '^\[' "$dir/server.out"
-  exit 1
 }
 # This shell holds the 300 connections.
 [ "$(ulimit -n)" -ge 400 ] || ulimit -n 1024 || fail "cannot open 400 descriptors here"
@@ -39,12 +28,7 @@ start_server() {
   rm -f "$dir/port" "$dir/ucx_port"
   (ulimit -n 128 && exec "$server" --port=0 --port_file="$dir/port" "$@") >"$dir/server.out" 2>&1 &
   server_pid=$!
-  for _ in $(seq 1 300); do
-    [ -s "$dir/port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-    sleep 0.1
-  done
-  [ -s "$dir/port" ] || fail "the server did not start listening"
+  wait_for_files "$dir/port"
   port=$(cat "$dir/port")
 }
 

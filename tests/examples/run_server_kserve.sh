@@ -9,37 +9,18 @@
 #   run_server_kserve.sh SERVER PYTHON [server flags...]
 # With DLASYNC_REQUIRE_TRITONCLIENT=1, a PYTHON without tritonclient fails.
 set -uo pipefail
-export DLASYNC_SIM_CHECK=abort
 server=$1
 python=$2
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
-dir=$(mktemp -d)
-server_pid=""
-cleanup() {
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  cat "$dir/server.out"
-  exit 1
-}
+source "$here/server_test_lib.sh"
 
 "$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
   --grpc_port=0 --grpc_port_file="$dir/grpc_port" \
   --max_frame_mib=4 --memory_budget_mib=32 --read_timeout_ms=1500 --idle_timeout_ms=20000 \
   --http_max_header_kib=8 --allow_client_shm "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-  sleep 0.1
-done
-[ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] ||
-  fail "the server did not start listening for HTTP and gRPC"
+wait_for_files "$dir/http_port" "$dir/grpc_port"
 url="127.0.0.1:$(cat "$dir/http_port")"
 grpc_url="127.0.0.1:$(cat "$dir/grpc_port")"
 
@@ -112,11 +93,7 @@ grep -Eq '^imports: 0 in flight, 0 waiting for budget; [0-9]+ views, [0-9]+ copi
 "$server" --port=0 --http_port=0 --http_port_file="$dir/http_port2" --max_connections=1 \
   "$@" >"$dir/server2.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/http_port2" ] && break
-  sleep 0.1
-done
-[ -s "$dir/http_port2" ] || fail "the second server did not start listening for HTTP"
+wait_for_files "$dir/http_port2"
 url="127.0.0.1:$(cat "$dir/http_port2")"
 exec 3<>"/dev/tcp/127.0.0.1/$(cat "$dir/http_port2")"  # holds the only connection
 sleep 0.3

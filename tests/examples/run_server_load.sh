@@ -5,34 +5,15 @@
 # statuses.
 #   run_server_load.sh SERVER CLIENT [server flags...]
 set -uo pipefail
-# Simulated GPUs stop at the first broken CUDA rule or stream-order race.
-export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
-dir=$(mktemp -d)
-server_pid=""
-cleanup() {
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  cat "$dir/server.out"
-  exit 1
-}
+source "$(dirname "$0")/server_test_lib.sh"
 
 "$server" --port=0 --port_file="$dir/port" --max_frame_mib=1 --memory_budget_mib=8 "$@" \
   >"$dir/server.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-  sleep 0.1
-done
-[ -s "$dir/port" ] || fail "the server did not start listening"
+wait_for_files "$dir/port"
 port=$(cat "$dir/port")
 
 "$client" --port="$port" --connections=16 --seconds=3 --malformed=0.3 \

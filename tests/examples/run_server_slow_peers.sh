@@ -11,40 +11,23 @@
 # server's counters. Every wait is bounded.
 #   run_server_slow_peers.sh SERVER CLIENT [server flags...]
 set -uo pipefail
-# Simulated GPUs stop at the first broken CUDA rule or stream-order race.
-export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
 read_timeout_ms=1500
 idle_timeout_ms=3000
 slow_peers=6
-dir=$(mktemp -d)
-server_pid=""
+source "$(dirname "$0")/server_test_lib.sh"
 raw_pids=()
-cleanup() {
+on_exit() {
   for pid in "${raw_pids[@]}"; do kill "$pid" 2>/dev/null; done
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  cat "$dir/server.out"
-  exit 1
 }
 
 "$server" --port=0 --port_file="$dir/port" --max_frame_mib=2 --memory_budget_mib=4 \
   --connection_budget_mib=1 --read_timeout_ms="$read_timeout_ms" \
   --idle_timeout_ms="$idle_timeout_ms" "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-  sleep 0.1
-done
-[ -s "$dir/port" ] || fail "the server did not start listening"
+wait_for_files "$dir/port"
 port=$(cat "$dir/port")
 
 # A peer on /dev/tcp: sends BYTES (printf %b escapes), then waits, 10 s at

@@ -6,35 +6,19 @@
 # with SIGTERM, and checks both reports and that it stopped cleanly.
 #   run_server_ucx.sh SERVER CLIENT [server flags...]
 set -uo pipefail
-export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
-dir=$(mktemp -d)
-server_pid=""
+source "$(dirname "$0")/server_test_lib.sh"
 garbage_pid=""
-cleanup() {
+on_exit() {
   [ -n "$garbage_pid" ] && kill -9 "$garbage_pid" 2>/dev/null
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  grep -v '^\[' "$dir/server.out"
-  exit 1
 }
 
 "$server" --port=0 --port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
   --max_frame_mib=1 --memory_budget_mib=8 "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
-for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && [ -s "$dir/ucx_port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-  sleep 0.1
-done
-[ -s "$dir/ucx_port" ] || fail "the server did not start listening for UCX"
+wait_for_files "$dir/port" "$dir/ucx_port"
 
 total_valid=0
 for transport in ucx tcp; do

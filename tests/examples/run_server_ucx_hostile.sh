@@ -16,25 +16,14 @@
 # Every wait is bounded.
 #   run_server_ucx_hostile.sh SERVER CLIENT [server flags...]
 set -uo pipefail
-export DLASYNC_SIM_CHECK=abort
 server=$1
 client=$2
 shift 2
-dir=$(mktemp -d)
-server_pid=""
+source "$(dirname "$0")/server_test_lib.sh"
 peer_pids=()
-cleanup() {
+on_exit() {
   touch "$dir/release"
   for pid in "${peer_pids[@]}"; do kill -9 "$pid" 2>/dev/null; done
-  [ -n "$server_pid" ] && kill -9 "$server_pid" 2>/dev/null
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAILED: $*"
-  echo "--- server output:"
-  grep -v '^\[' "$dir/server.out"
-  exit 1
 }
 ucx=(--transport=ucx --ucx_transports=tcp)
 
@@ -44,12 +33,7 @@ start_server() {
     --ucx_transports=tcp --max_frame_mib=2 --memory_budget_mib=4 --connection_budget_mib=1 \
     --max_queued_requests=16 "$@" >"$dir/server.out" 2>&1 &
   server_pid=$!
-  for _ in $(seq 1 300); do
-    [ -s "$dir/port" ] && [ -s "$dir/ucx_port" ] && break
-    kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
-    sleep 0.1
-  done
-  [ -s "$dir/ucx_port" ] || fail "the server did not start listening for UCX"
+  wait_for_files "$dir/port" "$dir/ucx_port"
   port=$(cat "$dir/port")
   ucx_port=$(cat "$dir/ucx_port")
 }
