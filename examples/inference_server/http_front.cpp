@@ -160,7 +160,7 @@ class http_front::connection {
                                                   std::uint64_t& length);
   // The reply to a request that cannot be served before its body is read
   // (an unknown route, a wrong method): nullopt when it can.
-  std::optional<reply> refuse_early(const http_head& head) const;
+  std::optional<reply> refuse_early(const http_head& head, const std::optional<endpoint>& e) const;
 
   http_front& front_;
   tcp::socket& socket_;
@@ -227,47 +227,98 @@ asio::awaitable<bool> http_front::connection::send(const reply& r) {
   co_return sent && !std::get<0>(*sent);
 }
 
-std::optional<http_front::reply> http_front::connection::refuse_early(const http_head& head) const {
-  const std::vector<absl::string_view> parts =
-      absl::StrSplit(head.path().substr(head.path().empty() ? 0 : 1), '/');
-  const auto not_found = [&] {
+// An endpoint of the protocol, as a request's path names it: the one place
+// that knows the paths.
+struct http_front::endpoint {
+  enum class kind {
+    server_metadata,
+    health,
+    model_metadata,
+    model_ready,
+    infer,
+    shm_status,
+    shm_register,
+    shm_unregister
+  };
+  kind what = kind::health;
+  absl::string_view method;           // the one it serves
+  absl::string_view model, version;   // a model's endpoints; version may be empty
+  std::optional<std::string> region;  // shared-memory endpoints that name one
+
+  // The endpoint `path` names, if any:
+  //   /v2, /v2/health/{live,ready},
+  //   /v2/models/{m}[/versions/{v}][/ready|/infer],
+  //   /v2/systemsharedmemory[/region/{r}]/{status,unregister},
+  //   /v2/systemsharedmemory/region/{r}/register
+  static std::optional<endpoint> of(absl::string_view path) {
+    const std::vector<absl::string_view> parts =
+        absl::StrSplit(path.substr(path.empty() ? 0 : 1), '/');
+    const auto is = [](kind k, absl::string_view method) {
+      endpoint e;
+      e.what = k;
+      e.method = method;
+      return e;
+    };
+    if (parts.empty() || parts[0] != "v2") return std::nullopt;
+    if (parts.size() == 1) return is(kind::server_metadata, "GET");
+    if (parts[1] == "health") {
+      if (parts.size() == 3 && (parts[2] == "live" || parts[2] == "ready")) {
+        return is(kind::health, "GET");
+      }
+      return std::nullopt;
+    }
+    if (parts[1] == "systemsharedmemory") {
+      const bool named = parts.size() == 5 && parts[2] == "region";
+      if (parts.size() != 3 && !named) return std::nullopt;
+      endpoint e;
+      if (parts.back() == "status") {
+        e = is(kind::shm_status, "GET");
+      } else if (parts.back() == "unregister") {
+        e = is(kind::shm_unregister, "POST");
+      } else if (named && parts.back() == "register") {
+        e = is(kind::shm_register, "POST");
+      } else {
+        return std::nullopt;
+      }
+      if (named) e.region = std::string(parts[3]);
+      return e;
+    }
+    if (parts[1] != "models" || parts.size() < 3) return std::nullopt;
+    std::size_t i = 3;
+    if (parts.size() >= 5 && parts[3] == "versions") i = 5;
+    const absl::string_view action = i < parts.size() ? parts[i] : "";
+    endpoint e;
+    if (i + 1 < parts.size() || (i < parts.size() && action != "ready" && action != "infer")) {
+      return std::nullopt;
+    }
+    if (action.empty()) {
+      e = is(kind::model_metadata, "GET");
+    } else if (action == "ready") {
+      e = is(kind::model_ready, "GET");
+    } else {
+      e = is(kind::infer, "POST");
+    }
+    e.model = parts[2];
+    if (i == 5) e.version = parts[4];
+    return e;
+  }
+};
+
+std::optional<http_front::reply> http_front::connection::refuse_early(
+    const http_head& head, const std::optional<endpoint>& e) const {
+  if (!e) {
     return reply::error(absl::NotFoundError(
         absl::StrCat("no endpoint ", kserve::clip(head.path()),
                      " here: the server serves /v2, /v2/health/{live,ready}, "
                      "/v2/models/{model}[/versions/{version}][/ready|/infer] and "
                      "/v2/systemsharedmemory[/region/{name}]/{status,register,unregister}")));
-  };
-  const auto only = [&](absl::string_view method) -> std::optional<reply> {
-    if (head.method == method) return std::nullopt;
-    reply r = reply::error(405, absl::StatusCode::kInvalidArgument,
-                           absl::StrCat(head.method, " is not served at ",
-                                        kserve::clip(head.path()), ": use ", method));
-    absl::StrAppend(&r.headers, "Allow: ", method, "\r\n");
-    return r;
-  };
-  if (parts.empty() || parts[0] != "v2") return not_found();
-  if (parts.size() == 1) return only("GET");
-  if (parts[1] == "health") {
-    if (parts.size() == 3 && (parts[2] == "live" || parts[2] == "ready")) return only("GET");
-    return not_found();
   }
-  if (parts[1] == "systemsharedmemory") {
-    // [/region/{r}]/status, [/region/{r}]/unregister, /region/{r}/register
-    const bool region = parts.size() == 5 && parts[2] == "region";
-    if (parts.size() != 3 && !region) return not_found();
-    if (parts.back() == "status") return only("GET");
-    if (parts.back() == "unregister") return only("POST");
-    if (region && parts.back() == "register") return only("POST");
-    return not_found();
-  }
-  if (parts[1] != "models" || parts.size() < 3) return not_found();
-  std::size_t i = 3;
-  if (parts.size() >= 5 && parts[3] == "versions") i = 5;
-  if (i == parts.size()) return only("GET");
-  if (i + 1 != parts.size()) return not_found();
-  if (parts[i] == "ready") return only("GET");
-  if (parts[i] == "infer") return only("POST");
-  return not_found();
+  if (head.method == e->method) return std::nullopt;
+  reply r = reply::error(405, absl::StatusCode::kInvalidArgument,
+                         absl::StrCat(head.method, " is not served at ", kserve::clip(head.path()),
+                                      ": use ", e->method));
+  absl::StrAppend(&r.headers, "Allow: ", e->method, "\r\n");
+  return r;
 }
 
 asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_body(
@@ -440,7 +491,8 @@ asio::awaitable<void> http_front::connection::serve() {
     }
     const http_head& head = parse_.head();
     const bool has_body = head.chunked || head.content_length.value_or(0) > 0;
-    std::optional<reply> early = refuse_early(head);
+    const std::optional<endpoint> e = endpoint::of(head.path());
+    std::optional<reply> early = refuse_early(head, e);
     if (early) {
       early->close = early->close || has_body || !head.keep_alive;
       const bool sent = co_await send(*early);
@@ -457,7 +509,7 @@ asio::awaitable<void> http_front::connection::serve() {
       if (refused->code != absl::StatusCode::kAborted) co_await send(*refused);
       co_return;
     }
-    reply r = co_await front_.route(head, std::move(body), length);
+    reply r = co_await front_.route(*e, head, std::move(body), length);
     r.close = r.close || !head.keep_alive;
     const bool sent = co_await send(r);
     if (!sent || r.close) co_return;
@@ -500,28 +552,27 @@ asio::awaitable<void> http_front::session(std::shared_ptr<tcp::socket> socket, s
   sessions_.untrack(id);
 }
 
-asio::awaitable<http_front::reply> http_front::route(const http_head& head,
+asio::awaitable<http_front::reply> http_front::route(const endpoint& e, const http_head& head,
                                                      std::shared_ptr<std::byte[]> body,
                                                      std::uint64_t length) {
-  // refuse_early has checked the route's shape and method.
-  const std::vector<absl::string_view> parts = absl::StrSplit(head.path().substr(1), '/');
-  if (parts.size() == 1) {
-    co_return reply::ok(
-        kserve::encode_server_metadata("dlasync", DLASYNC_SERVER_VERSION, extensions));
+  using kind = endpoint::kind;
+  switch (e.what) {
+    case kind::server_metadata:
+      co_return reply::ok(
+          kserve::encode_server_metadata("dlasync", DLASYNC_SERVER_VERSION, extensions));
+    case kind::health: co_return reply{};
+    case kind::shm_status:
+    case kind::shm_register:
+    case kind::shm_unregister:
+      co_return shared_memory(e,
+                              absl::string_view(reinterpret_cast<const char*>(body.get()), length));
+    default: break;
   }
-  if (parts[1] == "health") co_return reply{};
-  if (parts[1] == "systemsharedmemory") {
-    co_return shared_memory(head,
-                            absl::string_view(reinterpret_cast<const char*>(body.get()), length));
-  }
-  const absl::string_view model = parts[2];
-  const absl::string_view version = parts.size() >= 5 && parts[3] == "versions" ? parts[4] : "";
-  const absl::string_view action = parts.size() % 2 == 0 ? parts.back() : "";
-  absl::StatusOr<const kserve::model_metadata*> m = models_.find(model, version);
+  absl::StatusOr<const kserve::model_metadata*> m = models_.find(e.model, e.version);
   if (!m.ok()) co_return reply::error(m.status());
-  if (action.empty()) co_return reply::ok(kserve::encode_model_metadata(**m));
-  if (action == "ready") co_return reply{};
-  reply r = co_await infer(head, model, version, std::move(body), length);
+  if (e.what == kind::model_metadata) co_return reply::ok(kserve::encode_model_metadata(**m));
+  if (e.what == kind::model_ready) co_return reply{};
+  reply r = co_await infer(head, e.model, e.version, std::move(body), length);
   co_return r;
 }
 
@@ -559,26 +610,22 @@ asio::awaitable<http_front::reply> http_front::infer(const http_head& head, absl
 
 namespace dlasync::examples {
 
-http_front::reply http_front::shared_memory(const http_head& head, absl::string_view body) {
-  const std::vector<std::string> parts = absl::StrSplit(head.path().substr(1), '/');
-  std::optional<std::string> region;
-  if (parts.size() == 5) region = parts[3];
-  const std::string& action = parts.back();
-  if (action == "status") {
-    absl::StatusOr<std::vector<kserve::shm_region_info>> regions = shm_.status(region);
+http_front::reply http_front::shared_memory(const endpoint& e, absl::string_view body) {
+  if (e.what == endpoint::kind::shm_status) {
+    absl::StatusOr<std::vector<kserve::shm_region_info>> regions = shm_.status(e.region);
     if (!regions.ok()) return reply::error(regions.status());
     return reply::ok(kserve::encode_shm_status(*regions));
   }
-  if (action == "unregister") {
-    if (!region) {
+  if (e.what == endpoint::kind::shm_unregister) {
+    if (!e.region) {
       if (!shm_.allowed()) return reply::error(shm_.status(std::nullopt).status());
       shm_.remove_all();
       return reply{};
     }
-    const absl::Status removed = shm_.remove(*region);
+    const absl::Status removed = shm_.remove(*e.region);
     return removed.ok() ? reply{} : reply::error(removed);
   }
-  absl::StatusOr<kserve::shm_region_info> info = kserve::parse_shm_register(body, *region);
+  absl::StatusOr<kserve::shm_region_info> info = kserve::parse_shm_register(body, *e.region);
   if (!info.ok()) return reply::error(info.status());
   const absl::Status added = shm_.add(info->name, info->key, info->offset, info->byte_size);
   return added.ok() ? reply{} : reply::error(added);

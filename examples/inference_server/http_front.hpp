@@ -75,17 +75,18 @@ class http_front {
 
  private:
   struct reply;
+  struct endpoint;
   class connection;
 
   asio::awaitable<void> session(std::shared_ptr<asio::ip::tcp::socket> socket, std::uint64_t id,
                                 connection_limit::slot slot);
-  asio::awaitable<reply> route(const struct http_head& head, std::shared_ptr<std::byte[]> body,
-                               std::uint64_t length);
+  asio::awaitable<reply> route(const endpoint& e, const struct http_head& head,
+                               std::shared_ptr<std::byte[]> body, std::uint64_t length);
   asio::awaitable<reply> infer(const struct http_head& head, absl::string_view model,
                                absl::string_view version, std::shared_ptr<std::byte[]> body,
                                std::uint64_t length);
 
-  reply shared_memory(const struct http_head& head, absl::string_view body);
+  reply shared_memory(const endpoint& e, absl::string_view body);
 
   kserve::model_handler& models_;
   kserve::shm_registry& shm_;
