@@ -5,14 +5,26 @@
 
 namespace dlasync::examples {
 
+std::shared_ptr<std::byte[]> buffer_pool::fresh(std::uint64_t bytes,
+                                                std::function<void()> on_release) {
+  return {new std::byte[bytes > 0 ? bytes : 1], [release = std::move(on_release)](std::byte* p) {
+            delete[] p;
+            if (release) release();
+          }};
+}
+
+std::shared_ptr<std::byte[]> buffer_pool::take_budgeted(memory_budget& budget, std::uint64_t bytes,
+                                                        buffer_pool* pool) {
+  if (bytes > 0 && !budget.try_acquire(bytes)) return nullptr;
+  std::function<void()> release = [&budget, bytes] {
+    if (bytes > 0) budget.release(bytes);
+  };
+  return pool != nullptr ? pool->take(bytes, std::move(release)) : fresh(bytes, std::move(release));
+}
+
 std::shared_ptr<std::byte[]> buffer_pool::take(std::uint64_t bytes,
                                                std::function<void()> on_release) {
-  if (bytes < min_pooled) {
-    return {new std::byte[bytes > 0 ? bytes : 1], [release = std::move(on_release)](std::byte* p) {
-              delete[] p;
-              if (release) release();
-            }};
-  }
+  if (bytes < min_pooled) return fresh(bytes, std::move(on_release));
   const std::uint64_t size_class = std::bit_ceil(bytes);
   std::unique_ptr<std::byte[]> block;
   {

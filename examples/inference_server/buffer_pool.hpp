@@ -23,6 +23,8 @@
 #include <mutex>
 #include <vector>
 
+#include "dlasync/dlasync.hpp"
+
 namespace dlasync::examples {
 
 class buffer_pool {
@@ -35,10 +37,19 @@ class buffer_pool {
   // when the last reference goes.
   std::shared_ptr<std::byte[]> take(std::uint64_t bytes, std::function<void()> on_release);
 
+  // `bytes` bytes taken from `budget` now, given back when the buffer's last
+  // user lets go; null when the budget has no room now. From `pool` when
+  // given, else a fresh allocation.
+  static std::shared_ptr<std::byte[]> take_budgeted(memory_budget& budget, std::uint64_t bytes,
+                                                    buffer_pool* pool = nullptr);
+
   // Bytes kept for reuse now.
   std::uint64_t cached() const;
 
  private:
+  // A fresh, unpooled buffer.
+  static std::shared_ptr<std::byte[]> fresh(std::uint64_t bytes, std::function<void()> on_release);
+
   struct state {
     explicit state(std::uint64_t max) : max_cached(max) {}
     const std::uint64_t max_cached;

@@ -96,6 +96,26 @@ absl::Status complete_input(input_tensor& in) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<shm_ref>> shm_ref_of(const std::string& label,
+                                                  std::optional<std::string> region,
+                                                  std::optional<std::uint64_t> byte_size,
+                                                  std::optional<std::uint64_t> offset) {
+  if (!region) {
+    if (byte_size || offset) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(label,
+                       " has shared_memory_byte_size or shared_memory_offset but no "
+                       "shared_memory_region"));
+    }
+    return std::nullopt;
+  }
+  if (!byte_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(label, " names a shared-memory region but no shared_memory_byte_size"));
+  }
+  return shm_ref{*std::move(region), offset.value_or(0), *byte_size};
+}
+
 absl::Status check_shm_size(const input_tensor& in) {
   if (!in.shm || in.shm->byte_size == in.bytes) return absl::OkStatus();
   return absl::InvalidArgumentError(

@@ -81,6 +81,16 @@ inline constexpr std::size_t max_rank = 32;
 // dimensions, a negative extent, or a size that overflows 64 bits.
 absl::Status complete_input(input_tensor& in);
 
+// The shared-memory reference of the input or output `label` names, from
+// the parameters its encoding gave (shared_memory_region,
+// shared_memory_byte_size, shared_memory_offset); empty when it names no
+// region. InvalidArgument for a size or offset without a region, or a
+// region without a size.
+absl::StatusOr<std::optional<shm_ref>> shm_ref_of(const std::string& label,
+                                                  std::optional<std::string> region,
+                                                  std::optional<std::uint64_t> byte_size,
+                                                  std::optional<std::uint64_t> offset);
+
 // InvalidArgument when `in` names a region whose byte size is not what its
 // shape and datatype take.
 absl::Status check_shm_size(const input_tensor& in);

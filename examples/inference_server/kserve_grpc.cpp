@@ -1,13 +1,13 @@
 #include "kserve_grpc.hpp"
 
 #include <cstring>
-#include <limits>
 #include <set>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "buffer_pool.hpp"
 
 namespace dlasync::examples::kserve {
 namespace {
@@ -51,25 +51,15 @@ absl::StatusOr<std::optional<shm_ref>> shm_of(const parameters& params, const st
   absl::StatusOr<std::optional<std::uint64_t>> offset =
       count_param(params, "shared_memory_offset", label);
   if (!offset.ok()) return offset.status();
-  if (region == params.end()) {
-    if (*size || *offset) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label,
-                       " has shared_memory_byte_size or shared_memory_offset but no "
-                       "shared_memory_region"));
-    }
-    return std::nullopt;
-  }
-  if (region->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+  if (region != params.end() &&
+      region->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
     return absl::InvalidArgumentError(absl::StrCat("shared_memory_region of ", label, " is ",
                                                    kind_of(region->second),
                                                    ", not a string_param"));
   }
-  if (!*size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, " names a shared-memory region but no shared_memory_byte_size"));
-  }
-  return shm_ref{region->second.string_param(), offset->value_or(0), **size};
+  std::optional<std::string> name;
+  if (region != params.end()) name = region->second.string_param();
+  return shm_ref_of(label, std::move(name), *size, *offset);
 }
 
 template <typename T, typename Field>
@@ -78,12 +68,7 @@ absl::Status put_all(const Field& values, std::byte* out, const std::string& lab
   std::uint64_t index = 0;
   for (const auto v : values) {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      const bool fits = std::is_signed_v<decltype(v)>
-                            ? static_cast<std::int64_t>(v) >= std::numeric_limits<T>::min() &&
-                                  static_cast<std::int64_t>(v) <= std::numeric_limits<T>::max()
-                            : static_cast<std::uint64_t>(v) <=
-                                  static_cast<std::uint64_t>(std::numeric_limits<T>::max());
-      if (!fits) {
+      if (!std::in_range<T>(v)) {
         return absl::InvalidArgumentError(absl::StrCat("element ", index, " of ", label, " is ", v,
                                                        ", not a value of ", datatype));
       }
@@ -146,18 +131,13 @@ absl::Status take_contents(const inference::InferTensorContents& c, input_tensor
         absl::StrCat("contents of ", label, " hold ", seen, " elements in the field of ",
                      in.datatype, "; its shape [", absl::StrJoin(in.shape, ","), "] has ", want));
   }
-  const std::uint64_t bytes = in.bytes;
-  if (bytes > 0 && !budget.try_acquire(bytes)) {
+  std::shared_ptr<std::byte[]> buffer = buffer_pool::take_budgeted(budget, in.bytes);
+  if (buffer == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "contents of ", label, " take ", bytes,
+        "contents of ", label, " take ", in.bytes,
         " bytes once converted, more than the memory budget has free now: try again, or send "
         "them in raw_input_contents"));
   }
-  std::shared_ptr<std::byte[]> buffer(new std::byte[bytes > 0 ? bytes : 1],
-                                      [&budget, bytes](std::byte* p) {
-                                        delete[] p;
-                                        if (bytes > 0) budget.release(bytes);
-                                      });
   absl::Status s = convert(c, in, buffer.get());
   if (!s.ok()) return s;
   in.data = buffer.get();

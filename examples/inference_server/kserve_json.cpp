@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "buffer_pool.hpp"
 #include "nlohmann/json.hpp"
 
 namespace dlasync::examples::kserve {
@@ -74,15 +75,11 @@ absl::Status put_integer(const json& v, std::byte* out, absl::string_view where,
   T value{};
   if (v.is_number_unsigned()) {
     const auto u = v.get<std::uint64_t>();
-    fits = u <= static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+    fits = std::in_range<T>(u);
     value = static_cast<T>(u);
   } else if (v.is_number_integer()) {
     const auto i = v.get<std::int64_t>();
-    fits = std::is_signed_v<T>
-               ? (i >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
-                  i <= static_cast<std::int64_t>(std::numeric_limits<T>::max()))
-               : i >= 0 && static_cast<std::uint64_t>(i) <=
-                               static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+    fits = std::in_range<T>(i);
     value = static_cast<T>(i);
   }
   if (!fits) {
@@ -171,18 +168,13 @@ absl::Status take_json_data(const json& data, input_tensor& input, memory_budget
         absl::StrCat("data of ", label, " holds ", *seen, " elements; its shape [",
                      absl::StrJoin(input.shape, ","), "] has ", want));
   }
-  const std::uint64_t bytes = input.bytes;
-  if (bytes > 0 && !budget.try_acquire(bytes)) {
+  std::shared_ptr<std::byte[]> buffer = buffer_pool::take_budgeted(budget, input.bytes);
+  if (buffer == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "data of ", label, " takes ", bytes,
+        "data of ", label, " takes ", input.bytes,
         " bytes once converted, more than the memory budget has free now: try again, or send "
         "it as binary data"));
   }
-  std::shared_ptr<std::byte[]> buffer(new std::byte[bytes > 0 ? bytes : 1],
-                                      [&budget, bytes](std::byte* p) {
-                                        delete[] p;
-                                        if (bytes > 0) budget.release(bytes);
-                                      });
   std::byte* out = buffer.get();
   std::uint64_t index = 0;
   absl::Status s = convert(data, input.type, input.datatype, out, index, label);
@@ -198,32 +190,20 @@ absl::StatusOr<std::optional<shm_ref>> parse_shm(const json& params, const std::
       member(params, "shared_memory_region", json::value_t::string,
              absl::StrCat("shared_memory_region of ", label), "a string");
   if (!region.ok()) return region.status();
-  if (*region == nullptr) {
-    if (params.contains("shared_memory_byte_size") || params.contains("shared_memory_offset")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(label,
-                       " has shared_memory_byte_size or shared_memory_offset but no "
-                       "shared_memory_region"));
-    }
-    return std::nullopt;
-  }
-  shm_ref ref;
-  ref.region = (*region)->get<std::string>();
   absl::StatusOr<const json*> size =
       member(params, "shared_memory_byte_size", json::value_t::number_unsigned,
              absl::StrCat("shared_memory_byte_size of ", label), "an integer >= 0");
   if (!size.ok()) return size.status();
-  if (*size == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(label, " names a shared-memory region but no shared_memory_byte_size"));
-  }
-  ref.byte_size = (*size)->get<std::uint64_t>();
   absl::StatusOr<const json*> offset =
       member(params, "shared_memory_offset", json::value_t::number_unsigned,
              absl::StrCat("shared_memory_offset of ", label), "an integer >= 0");
   if (!offset.ok()) return offset.status();
-  if (*offset != nullptr) ref.offset = (*offset)->get<std::uint64_t>();
-  return ref;
+  const auto count = [](const json* j) {
+    return j != nullptr ? std::optional(j->get<std::uint64_t>()) : std::nullopt;
+  };
+  std::optional<std::string> name;
+  if (*region != nullptr) name = (*region)->get<std::string>();
+  return shm_ref_of(label, std::move(name), count(*size), count(*offset));
 }
 
 absl::StatusOr<input_tensor> parse_input(const json& j, std::size_t index) {

@@ -225,15 +225,13 @@ absl::Status read_inputs(infer_request& r, const shm_registry& shm, memory_budge
   for (input_tensor& in : r.inputs) {
     if (!in.shm) continue;
     const std::uint64_t bytes = in.shm->byte_size;
-    if (bytes > 0 && !budget.try_acquire(bytes)) {
+    std::shared_ptr<std::byte[]> buffer = buffer_pool::take_budgeted(budget, bytes, &pool);
+    if (buffer == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("input ", clip(in.name), ": its ", bytes,
                        " bytes from shared memory find no room in the memory budget now: try "
                        "again"));
     }
-    std::shared_ptr<std::byte[]> buffer = pool.take(bytes, [&budget, bytes] {
-      if (bytes > 0) budget.release(bytes);
-    });
     const absl::Status s = shm.read(*in.shm, buffer.get());
     if (!s.ok()) return {s.code(), absl::StrCat("input ", clip(in.name), ": ", s.message())};
     in.data = buffer.get();
