@@ -5,11 +5,14 @@
 #include <cstring>
 #include <string>
 
+#include "asio/co_spawn.hpp"
+#include "asio/use_future.hpp"
 #include "buffer_pool.hpp"
 #include "catch2/catch.hpp"
 #include "http_parse.hpp"
 #include "kserve.hpp"
 #include "kserve_json.hpp"
+#include "kserve_models.hpp"
 #include "shm_registry.hpp"
 #include "support/test_tensors.hpp"
 
@@ -186,6 +189,70 @@ TEST_CASE("malformed requests are refused by name", "[examples][kserve]") {
             {"no \"data\", binary_data_size or shared_memory_region"});
   }
   CHECK(budget.in_use() == 0);
+}
+
+// A request's input whose bytes are owned by a buffer that counts its
+// releases: the owner plays the part of the body or message the server
+// would have received.
+input_tensor counted_input(const char* name, const char* datatype, std::vector<std::int64_t> shape,
+                           int& released) {
+  input_tensor in;
+  in.name = name;
+  in.datatype = datatype;
+  in.shape = std::move(shape);
+  REQUIRE(complete_input(in).ok());
+  auto* bytes = new std::byte[in.bytes + 1]();
+  in.data = bytes;
+  in.owner = std::shared_ptr<void>(bytes, [&released](void* p) {
+    ++released;
+    delete[] static_cast<std::byte*>(p);
+  });
+  return in;
+}
+
+TEST_CASE("every input's owner is released exactly once, answered or refused",
+          "[examples][kserve]") {
+  runtime_options o;
+  o.cuda = "off";
+  o.worker_threads = 1;
+  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(o);
+  REQUIRE(rt.ok());
+  absl::StatusOr<std::unique_ptr<device_sum>> compute = device_sum::create(**rt);
+  REQUIRE(compute.ok());
+  model_handler models(**rt, **compute, host_device);
+  const auto run = [&](infer_request r) {
+    return asio::co_spawn((*rt)->get_executor(), models.infer(std::move(r)), asio::use_future)
+        .get();
+  };
+  int released = 0;
+  SECTION("sum, echo and negate answered") {
+    for (const char* model : {"sum", "negate"}) {
+      infer_request r;
+      r.model = model;
+      r.inputs.push_back(counted_input("INPUT0", "FP32", {16}, released));
+      absl::StatusOr<infer_response> answer = run(std::move(r));
+      REQUIRE(answer.ok());
+    }
+    infer_request echo;
+    echo.model = "echo";
+    echo.inputs.push_back(counted_input("INPUT0", "FP32", {2, 3}, released));
+    echo.inputs.push_back(counted_input("INPUT1", "INT64", {3}, released));
+    {
+      absl::StatusOr<infer_response> answer = run(std::move(echo));
+      REQUIRE(answer.ok());
+      CHECK(released == 2);  // echo's outputs view its inputs until answered
+    }
+    CHECK(released == 4);
+  }
+  SECTION("refused by the metadata") {
+    infer_request r;
+    r.model = "sum";
+    r.inputs.push_back(counted_input("INPUT0", "INT32", {4}, released));
+    require_status(run(std::move(r)).status(), absl::StatusCode::kInvalidArgument,
+                   {"is FP32; the request sends INT32"});
+    CHECK(released == 1);
+  }
+  (*rt)->shutdown();
 }
 
 TEST_CASE("responses encode JSON data or binary data with its size", "[examples][kserve]") {
