@@ -11,6 +11,7 @@
 #include "common/awaitables.hpp"
 #include "grpc_service.grpc.pb.h"
 #include "kserve_grpc.hpp"
+#include "kserve_service.hpp"
 
 #ifndef DLASYNC_SERVER_VERSION
 #define DLASYNC_SERVER_VERSION "unknown"
@@ -176,29 +177,18 @@ class grpc_front::service final : public inference::GRPCInferenceService::Callba
   asio::awaitable<void> infer(const inference::ModelInferRequest* request,
                               inference::ModelInferResponse* response, std::uint64_t bytes,
                               std::shared_ptr<void> call, std::shared_ptr<call_state> state) {
-    absl::Status s = bytes > 0 ? co_await acquire(*budget_, bytes) : absl::OkStatus();
+    // (Not a conditional expression: GCC 12 destroys a co_await's result in
+    // one twice.)
+    absl::Status s;
+    if (bytes > 0) s = co_await acquire(*budget_, bytes);
     if (s.ok()) {
       state->held = bytes;
-      s = co_await answer(*request, *response, call);
+      s = co_await kserve::message_server{models_, shm_, *budget_, pool_}.answer(*request, call,
+                                                                                 *response);
     }
     stats_.count_answer(s.code());
     state->status = to_grpc(s);
     if (!s.ok()) response->Clear();
-  }
-
-  asio::awaitable<absl::Status> answer(const inference::ModelInferRequest& request,
-                                       inference::ModelInferResponse& response,
-                                       const std::shared_ptr<void>& call) {
-    absl::StatusOr<kserve::infer_request> parsed = kserve::from_message(request, call, *budget_);
-    if (!parsed.ok()) co_return parsed.status();
-    const absl::Status read = kserve::read_inputs(*parsed, shm_, *budget_, pool_);
-    if (!read.ok()) co_return read;
-    absl::StatusOr<kserve::infer_response> answered = co_await models_.infer(*std::move(parsed));
-    if (!answered.ok()) co_return answered.status();
-    const absl::Status written = kserve::write_outputs(*answered, shm_);
-    if (!written.ok()) co_return written;
-    kserve::to_message(*answered, response);
-    co_return absl::OkStatus();
   }
 
   asio::any_io_executor executor_;

@@ -33,5 +33,4 @@ absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m
 void to_message(const infer_response& r, inference::ModelInferResponse& m);
 
 void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m);
-
 }  // namespace dlasync::examples::kserve

@@ -41,6 +41,7 @@
 #include "common/flags.hpp"
 #include "common/stats.hpp"
 #include "frame.hpp"
+#include "load_kserve.hpp"
 #include "slow_peer.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 #include "ucx_client.hpp"
@@ -72,8 +73,12 @@ ABSL_FLAG(int, slow_interval_ms, 100, "Time between two bytes of a slow peer.");
 ABSL_FLAG(double, slow_seconds, 10, "How long a slow peer may stay connected.");
 ABSL_FLAG(std::uint32_t, seed, 1, "Random seed.");
 ABSL_FLAG(std::string, transport, "tcp",
-          "tcp: the server's TCP frames (--port); ucx: the same frames as UCX active messages "
-          "(--ucx_port). Needs dlasync built with UCX.");
+          "tcp: the server's TCP frames (--port). The KServe v2 transports, with requests to the "
+          "`sum` model: rest (HTTP/1.1 with binary tensor data, --http_port), grpc "
+          "(--grpc_port), ucx (the gRPC messages as UCX active messages, --ucx_port; needs "
+          "dlasync built with UCX).");
+ABSL_FLAG(int, http_port, 8000, "The server's HTTP port (--transport=rest).");
+ABSL_FLAG(int, grpc_port, 8001, "The server's gRPC port (--transport=grpc).");
 ABSL_FLAG(int, ucx_port, 5556, "The server's UCX port (--transport=ucx).");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports (UCX_TLS's syntax; empty: UCX's choice), --transport=ucx.");
@@ -84,25 +89,6 @@ namespace {
 
 using asio::ip::tcp;
 constexpr auto as_tuple_awaitable = asio::experimental::as_tuple(asio::use_awaitable);
-
-enum class outcome { ok, wrong, expected_error, unexpected_error };
-
-struct load_stats {
-  std::atomic<std::uint64_t> valid_ok{0};
-  std::atomic<std::uint64_t> malformed_answered{0};
-  std::atomic<std::uint64_t> wrong{0};
-  std::atomic<std::uint64_t> reconnects{0};
-  std::atomic<std::uint64_t> bytes_sent{0};
-  latency_recorder latency;
-  std::mutex mutex;
-  std::vector<std::string> problems;
-
-  void problem(std::string what) {
-    wrong.fetch_add(1);
-    std::lock_guard lock(mutex);
-    if (problems.size() < 10) problems.push_back(std::move(what));
-  }
-};
 
 // A valid request with the sum the server must answer.
 struct valid_request {
@@ -223,13 +209,6 @@ struct malformed_request {
 void set_u32(std::vector<std::byte>& frame, std::size_t at, std::uint32_t v) {
   std::memcpy(frame.data() + at, &v, sizeof v);
 }
-
-// The server's limits, in bytes, as the flags give them; 0 when not given.
-struct server_limits {
-  std::uint32_t max_frame = 0;
-  std::uint32_t budget = 0;
-  std::uint32_t connection_budget = 0;
-};
 
 malformed_request make_malformed(std::uint64_t id, std::mt19937& rng, const server_limits& server) {
   const std::uint32_t server_max = server.max_frame;
@@ -431,56 +410,6 @@ asio::awaitable<void> drive(int index, tcp::endpoint server, clock::time_point s
   }
 }
 
-#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
-// One connection over the server's UCX transport, on a thread of its own:
-// the same requests and checks as over TCP. A UCX message keeps its
-// framing, so a wrong magic is answered and the connection goes on, and
-// the cut-off frame becomes a frame whose body length disagrees with what
-// the message carries (InvalidArgument).
-void drive_ucx(int index, ucx_client& client, clock::time_point stop_at, load_stats& stats) {
-  std::mt19937 rng(absl::GetFlag(FLAGS_seed) * 1000003u + static_cast<unsigned>(index));
-  std::bernoulli_distribution malformed(absl::GetFlag(FLAGS_malformed));
-  const server_limits limits{mib_flag(FLAGS_server_max_frame_mib),
-                             mib_flag(FLAGS_server_budget_mib),
-                             mib_flag(FLAGS_server_connection_budget_mib)};
-  absl::StatusOr<int> c = client.connect(absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_ucx_port));
-  if (!c.ok()) {
-    stats.problem(absl::StrCat("connection ", index, ": ", c.status().ToString()));
-    return;
-  }
-  constexpr auto timeout = std::chrono::seconds(30);
-  std::uint64_t id = static_cast<std::uint64_t>(index) << 40;
-  while (clock::now() < stop_at) {
-    ++id;
-    if (malformed(rng)) {
-      malformed_request m = make_malformed(id, rng, limits);
-      if (m.kind == malformed_kind::cut_off) {
-        m.frame = encode_request(id, dtypes::float32, std::vector<std::int64_t>{4, 8},
-                                 std::vector<std::int64_t>{8, 1},
-                                 std::vector<std::byte>(128, std::byte{1}));
-        set_u32(m.frame, 4, static_cast<std::uint32_t>(m.frame.size() - frame_header_bytes + 7));
-        m.expected = absl::StatusCode::kInvalidArgument;
-        m.expected_word = "carries";
-      }
-      stats.bytes_sent.fetch_add(m.frame.size());
-      absl::StatusOr<response> r = client.call(*c, m.frame, timeout);
-      if (!check_refusal(stats, "UCX ", m, r) && !r.ok()) return;
-      continue;
-    }
-    valid_request v = make_valid(id, rng, absl::GetFlag(FLAGS_max_elements));
-    const clock::time_point start = clock::now();
-    stats.bytes_sent.fetch_add(v.frame.size());
-    absl::StatusOr<response> r = client.call(*c, v.frame, timeout);
-    if (!r.ok()) {
-      stats.problem(absl::StrCat("UCX request ", id, ": ", r.status().ToString()));
-      return;
-    }
-    stats.latency.add(clock::now() - start);
-    check_answer(stats, "UCX ", id, v, *r);
-  }
-}
-#endif
-
 int run() {
   asio::io_context io;
   asio::error_code ec;
@@ -509,50 +438,64 @@ int run() {
     done.push_back(asio::co_spawn(asio::make_strand(io), slow_peer(server, slow_options, slow),
                                   asio::use_future));
   }
-  const bool over_ucx = absl::GetFlag(FLAGS_transport) == "ucx";
-  if (!over_ucx && absl::GetFlag(FLAGS_transport) != "tcp") {
-    std::fprintf(stderr, "dlasync_load: --transport=%s: tcp or ucx\n",
-                 absl::GetFlag(FLAGS_transport).c_str());
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "tcp" && transport != "rest" && transport != "grpc" && transport != "ucx") {
+    std::fprintf(stderr, "dlasync_load: --transport=%s: tcp, rest, grpc or ucx\n",
+                 transport.c_str());
     return 2;
   }
-  if (!over_ucx) {
+  if (transport == "tcp") {
     for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
       done.push_back(asio::co_spawn(io, drive(i, server, stop_at, stats, slow), asio::use_future));
     }
   }
-  // Over UCX, the worker's progress runs on io's threads: they must not find
-  // io without work and return before the client exists.
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  if (over_ucx) work.emplace(io.get_executor());
   std::vector<std::thread> threads;
   for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_threads)); ++i) {
     threads.emplace_back([&io] { io.run(); });
   }
+  kserve_load load;
+  load.host = absl::GetFlag(FLAGS_host);
+  load.connections = absl::GetFlag(FLAGS_connections);
+  load.stop_at = stop_at;
+  load.max_elements = absl::GetFlag(FLAGS_max_elements);
+  load.malformed = absl::GetFlag(FLAGS_malformed);
+  load.seed = absl::GetFlag(FLAGS_seed);
+  load.server = {mib_flag(FLAGS_server_max_frame_mib), mib_flag(FLAGS_server_budget_mib),
+                 mib_flag(FLAGS_server_connection_budget_mib)};
+  load.threads = absl::GetFlag(FLAGS_threads);
   bool hostile = false;  // a misbehaving peer, which sends no load
-  if (over_ucx) {
+  if (transport == "rest") {
+    load.port = absl::GetFlag(FLAGS_http_port);
+    run_rest(load, stats);
+  } else if (transport == "grpc") {
+    load.port = absl::GetFlag(FLAGS_grpc_port);
+    run_grpc(load, stats);
+  } else if (transport == "ucx") {
+    load.port = absl::GetFlag(FLAGS_ucx_port);
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
-    absl::StatusOr<std::unique_ptr<ucx_client>> client =
-        ucx_client::create(io.get_executor(), absl::GetFlag(FLAGS_ucx_transports));
-    if (!client.ok()) {
-      stats.problem(client.status().ToString());
-    } else {
-      if (ucx_hostile_requested()) {
-        hostile = true;
-        const ucx_peer_target target{absl::GetFlag(FLAGS_host), absl::GetFlag(FLAGS_ucx_port)};
-        for (std::string& p : run_ucx_hostile(**client, target)) stats.problem(std::move(p));
+    if (ucx_hostile_requested()) {
+      hostile = true;
+      asio::io_context ucx_io;
+      std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work(
+          ucx_io.get_executor());
+      std::thread progress([&ucx_io] { ucx_io.run(); });
+      absl::StatusOr<std::unique_ptr<ucx_client>> client =
+          ucx_client::create(ucx_io.get_executor(), absl::GetFlag(FLAGS_ucx_transports));
+      if (!client.ok()) {
+        stats.problem(client.status().ToString());
       } else {
-        std::vector<std::thread> connections;
-        for (int i = 0; i < std::max(1, absl::GetFlag(FLAGS_connections)); ++i) {
-          connections.emplace_back([&, i] { drive_ucx(i, **client, stop_at, stats); });
-        }
-        for (std::thread& t : connections) t.join();
+        const ucx_peer_target target{load.host, load.port};
+        for (std::string& p : run_ucx_hostile(**client, target)) stats.problem(std::move(p));
+        (*client)->stop();
       }
-      (*client)->stop();
+      work.reset();
+      progress.join();
+    } else {
+      run_ucx(load, absl::GetFlag(FLAGS_ucx_transports), stats);
     }
 #else
-    stats.problem("--transport=ucx: this build has no UCX (libucx-dev)");
+    run_ucx(load, absl::GetFlag(FLAGS_ucx_transports), stats);
 #endif
-    work.reset();
   }
   for (std::thread& t : threads) t.join();
   for (std::future<void>& f : done) f.get();
@@ -567,7 +510,7 @@ int run() {
   std::printf("  latency us: p50 %.0f  p90 %.0f  p99 %.0f  max %.0f\n",
               stats.latency.percentile_us(50), stats.latency.percentile_us(90),
               stats.latency.percentile_us(99), stats.latency.percentile_us(100));
-  std::printf("  malformed frames answered as expected: %llu (%llu reconnects)\n",
+  std::printf("  malformed requests answered as expected: %llu (%llu reconnects)\n",
               static_cast<unsigned long long>(stats.malformed_answered.load()),
               static_cast<unsigned long long>(stats.reconnects.load()));
   if (absl::GetFlag(FLAGS_slow_peers) > 0) {

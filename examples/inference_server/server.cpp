@@ -55,6 +55,7 @@
 #include "shm_registry.hpp"
 #include "tcp_front.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+#include "kserve_service.hpp"
 #include "ucx_front.hpp"
 #endif
 
@@ -329,8 +330,13 @@ int run() {
     uo.max_queued_bytes =
         static_cast<std::uint64_t>(std::max(0, absl::GetFlag(FLAGS_max_queued_kib))) << 10;
     uo.connections = connections;
+    // The same messages, and the same handler, as the gRPC front's.
+    const kserve::message_server messages{models, shm, *memory, pool};
+    auto answer = [messages](ucx_front::message m) {
+      return messages.answer_serialized(std::move(m.bytes), m.length, std::move(m.room));
+    };
     absl::StatusOr<std::unique_ptr<ucx_front>> front =
-        ucx_front::create(rt.get_executor(), uo, memory, handle,
+        ucx_front::create(rt.get_executor(), uo, memory, answer,
                           [&stats](absl::StatusCode code) { stats.count_answer(code); });
     if (!front.ok()) {
       std::fprintf(stderr, "dlasync_server: %s\n", front.status().ToString().c_str());

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -11,19 +13,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "remote/src/ucx_worker.hpp"
-#include "ucx_front.hpp"
+#include "ucx_protocol.hpp"
 
 namespace dlasync::examples {
 namespace {
 
-// Bytes of a request that travel as the message's header; the rest is its
-// data (eager when small, rendezvous when large).
-constexpr std::size_t header_part = 1024;
-
 struct link {
   ucp_ep_h ep = nullptr;
   bool broken = false;
-  std::deque<std::vector<std::byte>> answers;
+  std::deque<absl::StatusOr<ucx_answer>> answers;
 };
 
 }  // namespace
@@ -34,6 +32,14 @@ struct ucx_client::state {
   std::vector<std::unique_ptr<link>> links;
   bool stopped = false;
 
+  // An answer whose data comes by rendezvous, until it has arrived.
+  struct arriving {
+    state* owner = nullptr;
+    link* to = nullptr;
+    ucx_answer answer;
+  };
+  std::unordered_map<arriving*, std::unique_ptr<arriving>> receiving;
+
   link* find_locked(ucp_ep_h ep) {
     for (auto& l : links) {
       if (l->ep == ep) return l.get();
@@ -41,16 +47,62 @@ struct ucx_client::state {
     return nullptr;
   }
 
-  static ucs_status_t on_response(void* arg, const void* header, std::size_t header_length, void*,
-                                  std::size_t, const ucp_am_recv_param_t* param) {
+  void answer_locked(link& l, absl::StatusOr<ucx_answer> a) {
+    l.answers.push_back(std::move(a));
+    answered.notify_all();
+  }
+
+  static ucs_status_t on_response(void* arg, const void* header, std::size_t header_length,
+                                  void* data, std::size_t length,
+                                  const ucp_am_recv_param_t* param) {
     auto* self = static_cast<state*>(arg);
     if ((param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) return UCS_OK;
     link* l = self->find_locked(param->reply_ep);
     if (l == nullptr) return UCS_OK;
-    const auto* b = static_cast<const std::byte*>(header);
-    l->answers.emplace_back(b, b + header_length);
-    self->answered.notify_all();
+    const std::optional<ucx_header> h =
+        ucx_header::decode(std::span(static_cast<const std::byte*>(header), header_length));
+    if (!h || h->magic != ucx_response_magic ||
+        h->word > static_cast<std::uint32_t>(absl::StatusCode::kUnauthenticated)) {
+      self->answer_locked(*l, absl::InvalidArgumentError(absl::StrCat(
+                                  "an answer whose header (", header_length,
+                                  " bytes) is not a response's: magic \"KV2R\", a status code")));
+      return UCS_OK;
+    }
+    ucx_answer a{h->tag, static_cast<absl::StatusCode>(h->word), std::string(length, '\0')};
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
+      if (length > 0) std::memcpy(a.bytes.data(), data, length);
+      self->answer_locked(*l, std::move(a));
+      return UCS_OK;
+    }
+    auto pending = std::make_unique<arriving>(arriving{self, l, std::move(a)});
+    arriving* p = pending.get();
+    self->receiving.emplace(p, std::move(pending));
+    ucp_request_param_t rp{};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    rp.cb.recv_am = [](void* request, ucs_status_t status, std::size_t, void* user_data) {
+      ucp_request_free(request);
+      auto* done = static_cast<arriving*>(user_data);
+      done->owner->arrived(done, status);
+    };
+    rp.user_data = p;
+    ucs_status_ptr_t r =
+        ucp_am_recv_data_nbx(self->ucx->worker(), data, p->answer.bytes.data(), length, &rp);
+    if (!UCS_PTR_IS_PTR(r)) self->arrived(p, UCS_PTR_STATUS(r));
     return UCS_OK;
+  }
+
+  void arrived(arriving* p, ucs_status_t status) {
+    auto it = receiving.find(p);
+    if (it == receiving.end()) return;
+    std::unique_ptr<arriving> done = std::move(it->second);
+    receiving.erase(it);
+    if (status == UCS_OK) {
+      answer_locked(*done->to, std::move(done->answer));
+    } else {
+      answer_locked(*done->to,
+                    absl::UnavailableError(absl::StrCat("an answer's data did not arrive: ",
+                                                        ucs_status_string(status))));
+    }
   }
 
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t) {
@@ -97,26 +149,31 @@ absl::StatusOr<int> ucx_client::connect(const std::string& host, int port) {
   return static_cast<int>(state_->links.size() - 1);
 }
 
-absl::StatusOr<response> ucx_client::call(int c, std::span<const std::byte> frame,
-                                          std::chrono::milliseconds timeout) {
+absl::StatusOr<ucx_answer> ucx_client::call(int c, std::uint64_t tag,
+                                            std::span<const std::byte> message,
+                                            std::chrono::milliseconds timeout) {
   {
     std::lock_guard lock(state_->ucx->mutex());
     state_->links.at(static_cast<std::size_t>(c))->answers.clear();
   }
-  if (absl::Status sent = send(c, frame); !sent.ok()) return sent;
+  if (absl::Status sent = send(c, tag, message); !sent.ok()) return sent;
   return receive(c, timeout);
 }
 
 namespace {
 
-// The request frame as an active message: its first bytes as the header,
-// the rest as the data. The worker keeps the copy while UCX reads it,
-// which may be after the caller stopped waiting.
-ucx_worker::am_message request_message(std::span<const std::byte> frame, bool rendezvous) {
+// A request as an active message: the header, then the message as its
+// data. The worker keeps the copy while UCX reads it, which may be after
+// the caller stopped waiting.
+ucx_worker::am_message request_message(std::uint64_t tag, std::span<const std::byte> message,
+                                       bool rendezvous) {
   ucx_worker::am_message m;
   m.id = ucx_request_am;
-  m.bytes.assign(frame.begin(), frame.end());
-  m.header_bytes = std::min(frame.size(), header_part);
+  const auto header = ucx_request_header(tag).encode();
+  m.bytes.reserve(header.size() + message.size());
+  m.bytes.assign(header.begin(), header.end());
+  m.bytes.insert(m.bytes.end(), message.begin(), message.end());
+  m.header_bytes = header.size();
   m.reply = true;
   if (rendezvous) m.carried_by = ucx_worker::am_message::protocol::rendezvous;
   return m;
@@ -124,11 +181,12 @@ ucx_worker::am_message request_message(std::span<const std::byte> frame, bool re
 
 }  // namespace
 
-absl::Status ucx_client::send(int c, std::span<const std::byte> frame, bool rendezvous) {
+absl::Status ucx_client::send(int c, std::uint64_t tag, std::span<const std::byte> message,
+                              bool rendezvous) {
   std::lock_guard lock(state_->ucx->mutex());
   link& l = *state_->links.at(static_cast<std::size_t>(c));
   if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
-  const ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame, rendezvous));
+  const ucs_status_t st = state_->ucx->send_am(l.ep, request_message(tag, message, rendezvous));
   if (UCS_STATUS_IS_ERR(st)) {
     return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
   }
@@ -154,7 +212,8 @@ absl::Status ucx_client::send_raw(int c, unsigned id, bool reply, std::span<cons
   return absl::OkStatus();
 }
 
-absl::Status ucx_client::stall(std::span<const int> connections, std::span<const std::byte> frame,
+absl::Status ucx_client::stall(std::span<const int> connections, std::uint64_t tag,
+                               std::span<const std::byte> message,
                                const std::function<void()>& while_stalled) {
   // Progress happens only under the worker's mutex: holding it stops the
   // worker, and sending without progress leaves each rendezvous announced
@@ -163,7 +222,7 @@ absl::Status ucx_client::stall(std::span<const int> connections, std::span<const
   for (int c : connections) {
     link& l = *state_->links.at(static_cast<std::size_t>(c));
     if (l.broken || state_->stopped) return absl::UnavailableError("the UCX connection broke");
-    if (ucs_status_t st = state_->ucx->send_am(l.ep, request_message(frame, true));
+    if (ucs_status_t st = state_->ucx->send_am(l.ep, request_message(tag, message, true));
         UCS_STATUS_IS_ERR(st)) {
       return absl::UnavailableError(absl::StrCat("UCX send failed: ", ucs_status_string(st)));
     }
@@ -173,7 +232,7 @@ absl::Status ucx_client::stall(std::span<const int> connections, std::span<const
   return absl::OkStatus();
 }
 
-absl::StatusOr<response> ucx_client::receive(int c, std::chrono::milliseconds timeout) {
+absl::StatusOr<ucx_answer> ucx_client::receive(int c, std::chrono::milliseconds timeout) {
   std::unique_lock lock(state_->ucx->mutex());
   link& l = *state_->links.at(static_cast<std::size_t>(c));
   const bool done = state_->answered.wait_for(
@@ -182,17 +241,9 @@ absl::StatusOr<response> ucx_client::receive(int c, std::chrono::milliseconds ti
     return done ? absl::UnavailableError("the UCX connection broke before the response")
                 : absl::DeadlineExceededError("no response over UCX in time");
   }
-  const std::vector<std::byte> bytes = std::move(l.answers.front());
+  absl::StatusOr<ucx_answer> a = std::move(l.answers.front());
   l.answers.pop_front();
-  if (bytes.size() < frame_header_bytes) return absl::InvalidArgumentError("short response");
-  absl::StatusOr<std::uint32_t> length = read_frame_header(
-      std::span<const std::byte, frame_header_bytes>(bytes.data(), frame_header_bytes),
-      response_magic, 1 << 20);
-  if (!length.ok()) return length.status();
-  if (*length != bytes.size() - frame_header_bytes) {
-    return absl::InvalidArgumentError("a response whose length disagrees with its frame");
-  }
-  return parse_response(std::span(bytes).subspan(frame_header_bytes));
+  return a;
 }
 
 void ucx_client::stop() {
@@ -202,6 +253,7 @@ void ucx_client::stop() {
   for (auto& l : state_->links) state_->ucx->close_endpoint(l->ep);
   state_->answered.notify_all();
   state_->ucx->finalize();
+  state_->receiving.clear();  // answers that were still arriving
 }
 
 }  // namespace dlasync::examples

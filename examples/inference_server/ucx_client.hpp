@@ -1,6 +1,7 @@
-// The load client's side of the server's UCX transport (ucx_front.hpp):
-// connections to the server's UCX listener, each sending one request frame
-// at a time as an active message and waiting for its response.
+// The load client's side of the server's UCX transport (ucx_front.hpp,
+// ucx_protocol.hpp): connections to the server's UCX listener, each sending
+// requests (serialized ModelInferRequest messages) as active messages and
+// taking their answers.
 #pragma once
 
 #include <chrono>
@@ -12,9 +13,16 @@
 
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
-#include "frame.hpp"
 
 namespace dlasync::examples {
+
+// An answer from the server: the request's tag, its status code, and the
+// serialized ModelInferResponse (OK) or the error message (else).
+struct ucx_answer {
+  std::uint64_t tag = 0;
+  absl::StatusCode code = absl::StatusCode::kOk;
+  std::string bytes;
+};
 
 class ucx_client {
  public:
@@ -26,21 +34,22 @@ class ucx_client {
   // A new connection to host:port; its index for call().
   absl::StatusOr<int> connect(const std::string& host, int port);
 
-  // Sends `frame` (its first bytes as the message's header, the rest as
-  // its data) on connection `c` and waits for the response: Unavailable
-  // when the connection broke, DeadlineExceeded after `timeout`.
+  // Sends `message` with `tag` on connection `c` and waits for the answer:
+  // Unavailable when the connection broke, DeadlineExceeded after
+  // `timeout`, InvalidArgument for an answer that breaks the protocol.
   // One call at a time per connection; calls on distinct connections may
   // run from different threads.
-  absl::StatusOr<response> call(int c, std::span<const std::byte> frame,
-                                std::chrono::milliseconds timeout);
+  absl::StatusOr<ucx_answer> call(int c, std::uint64_t tag, std::span<const std::byte> message,
+                                  std::chrono::milliseconds timeout);
 
   // call() in two halves, for many requests in flight on one connection:
   // send() returns once the request is on its way; receive() waits for the
-  // connection's next answer (answers come in the order the server gives
-  // them). `rendezvous`: the data goes by rendezvous whatever its size
-  // (UCP_AM_SEND_FLAG_RNDV); otherwise UCX chooses.
-  absl::Status send(int c, std::span<const std::byte> frame, bool rendezvous = false);
-  absl::StatusOr<response> receive(int c, std::chrono::milliseconds timeout);
+  // connection's next answer (in the order they arrive). `rendezvous`: the
+  // data goes by rendezvous whatever its size (UCP_AM_SEND_FLAG_RNDV);
+  // otherwise UCX chooses.
+  absl::Status send(int c, std::uint64_t tag, std::span<const std::byte> message,
+                    bool rendezvous = false);
+  absl::StatusOr<ucx_answer> receive(int c, std::chrono::milliseconds timeout);
 
   // Any active message, for peers that break the protocol on purpose: id
   // `id`, `header` as its header, `data_bytes` bytes of `fill` as its data,
@@ -48,12 +57,13 @@ class ucx_client {
   absl::Status send_raw(int c, unsigned id, bool reply, std::span<const std::byte> header,
                         std::size_t data_bytes, std::byte fill);
 
-  // A peer that stops progressing: sends `frame` on each of `connections`,
+  // A peer that stops progressing: sends `message` on each of `connections`,
   // its data by rendezvous, and then makes no UCX progress at all (nothing
   // sent or received, no rendezvous served) until `while_stalled` returns.
   // For the announcements to go out at once, each connection must be set up
   // for rendezvous first (a request sent with `rendezvous` and answered).
-  absl::Status stall(std::span<const int> connections, std::span<const std::byte> frame,
+  absl::Status stall(std::span<const int> connections, std::uint64_t tag,
+                     std::span<const std::byte> message,
                      const std::function<void()>& while_stalled);
 
   void stop();

@@ -1,24 +1,23 @@
-// The inference server's UCX transport: the same requests and responses as
-// the TCP frames (frame.hpp), carried as UCX active messages.
+// The inference server's UCX transport: the Open Inference Protocol's
+// ModelInferRequest and ModelInferResponse messages, as UCX active messages
+// (ucx_protocol.hpp has the bytes on the wire). The gRPC front carries the
+// same messages, and one handler answers both.
 //
 // A client connects to the server's UCX listener (`--ucx_port`) and sends
-// each request as one active message (id `ucx_request_am`) with
-// UCP_AM_SEND_FLAG_REPLY: its header is the request frame's first bytes
-// (at least the 8-byte frame header), its data the rest of the frame, which
-// UCX carries eagerly when small and by rendezvous when large. The server
-// checks the frame header (magic, body length against --max_frame_mib and
-// against what the message carries) and the budgets before it takes any of
-// the data: a rendezvous payload is received straight into a buffer granted
-// by the server's memory budget, once granted. The body then goes through
-// the same handler as a TCP frame (parse, import, sum), and the response
-// frame returns as an active message (id `ucx_response_am`) whose header is
-// the whole frame.
+// each request as one active message with UCP_AM_SEND_FLAG_REPLY: a 16-byte
+// header (magic, tag) and the serialized request as its data, which UCX
+// carries eagerly when small and by rendezvous when large. The server checks
+// the header and the data's length (against --max_frame_mib and the budgets)
+// before it takes any of the data: a rendezvous payload is received straight
+// into a buffer granted by the server's memory budget, once granted. The
+// message then goes to the handler, and its answer returns as an active
+// message (id `ucx_response_am`) with the request's tag.
 //
-// Malformed requests get the TCP transport's answers. A UCX message cannot
-// lose its framing, so a wrong magic or a body length that disagrees with the
-// message is answered (InvalidArgument) and the connection goes on.
+// A UCX message cannot lose its framing, so a malformed request (a header of
+// the wrong size or magic, data that is no ModelInferRequest) is answered
+// with InvalidArgument and the connection goes on.
 //
-// What a peer cannot do (the TCP transport's promises, kept over UCX):
+// What a peer cannot do:
 //   - hold more than `options::connections` allows: a connection past the
 //     limit is rejected at the listener;
 //   - keep a granted body waiting: a rendezvous body must arrive within
@@ -26,9 +25,8 @@
 //     DeadlineExceeded and its connection closed, which ends the receive and
 //     gives the body's bytes back to the budget;
 //   - queue without bound: a connection's requests waiting for room are
-//     bounded in number and in the bytes they hold (headers and eager data,
-//     copied); past either bound a request is refused with
-//     ResourceExhausted at once.
+//     bounded in number and in the bytes they hold (eager data, copied);
+//     past either bound a request is refused with ResourceExhausted at once.
 #pragma once
 
 #include <chrono>
@@ -42,17 +40,23 @@
 #include "asio/awaitable.hpp"
 #include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
-#include "frame.hpp"
+#include "ucx_protocol.hpp"
 
 namespace dlasync::examples {
 
-inline constexpr unsigned ucx_request_am = 0x51;
-inline constexpr unsigned ucx_response_am = 0x52;
-
 class ucx_front {
  public:
-  using handler_fn =
-      std::function<asio::awaitable<response>(std::shared_ptr<std::byte[]>, std::uint32_t)>;
+  // A request's message as it arrived: `length` bytes in `bytes`, and their
+  // room in the memory budget, given back when the last copy of `room` goes.
+  // A handler may free the bytes once it has read them and keep the room for
+  // what it made of them.
+  struct message {
+    std::unique_ptr<std::byte[]> bytes;
+    std::uint32_t length = 0;
+    std::shared_ptr<void> room;
+  };
+  // The answer to a request: a serialized ModelInferResponse, or the error.
+  using handler_fn = std::function<asio::awaitable<absl::StatusOr<std::string>>(message)>;
   using counter_fn = std::function<void(absl::StatusCode)>;
 
   struct options {
@@ -83,7 +87,8 @@ class ucx_front {
   };
 
   // Listens; requests are answered by `handle`, each answer counted by
-  // `count`. The budget bounds the received bodies, as for TCP.
+  // `count`. The budget bounds the received messages, as for the other
+  // fronts.
   static absl::StatusOr<std::unique_ptr<ucx_front>> create(const asio::any_io_executor& executor,
                                                            options o,
                                                            std::shared_ptr<memory_budget> budget,

@@ -9,7 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <span>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -33,22 +33,21 @@ struct connection {
 };
 
 // A request from its arrival until its handler starts or it is dropped:
-// what the message carried in its header, its data (copied when it came
-// eagerly, UCX's descriptor when it comes by rendezvous), and while a
-// rendezvous body arrives, the body and the receive's deadline. Guarded by
-// the worker's mutex.
+// its tag, its data (copied when it came eagerly, UCX's descriptor when it
+// comes by rendezvous), and while a rendezvous body arrives, the body and the
+// receive's deadline. Guarded by the worker's mutex.
 struct ucx_request {
   ucx_front::state* owner = nullptr;
   std::shared_ptr<connection> conn;
+  std::uint64_t tag = 0;
   std::uint32_t length = 0;
-  std::vector<std::byte> head;  // the body's first bytes, from the header
   std::vector<std::byte> eager;
   void* rendezvous = nullptr;  // until received or released
   std::uint64_t ticket = 0;    // the budget's, while queued
-  std::uint64_t held = 0;      // head and eager bytes, counted while queued
+  std::uint64_t held = 0;      // eager bytes, counted while queued
   bool queued = false;
   bool receiving = false;
-  std::shared_ptr<std::byte[]> body;
+  ucx_front::message body;
   std::unique_ptr<asio::steady_timer> deadline;
 };
 
@@ -88,23 +87,12 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
 
   // The members below require the worker's mutex.
 
-  // Sends `r` to the connection, when it is still there.
-  void reply_locked(connection& c, const response& r) {
-    count(r.code);
-    if (stopped || !c.alive) return;
-    ucx_worker::am_message m;
-    m.id = ucx_response_am;
-    m.bytes = encode_response(r);
-    m.header_bytes = m.bytes.size();
-    // REPLY: the client learns which of its connections the answer is for.
-    m.reply = true;
-    (void)ucx->send_am(c.ep, std::move(m));
-    ucx->progress();
-  }
+  // Sends the answer to the request `tag` to the connection, when it is
+  // still there: the serialized response, or the error's message.
+  void reply_locked(connection& c, std::uint64_t tag, absl::StatusOr<std::string> answer);
 
-  ucs_status_t admit(const std::shared_ptr<connection>& c, std::uint32_t total,
-                     std::span<const std::byte> head, void* data, std::size_t length,
-                     bool rendezvous);
+  ucs_status_t admit(const std::shared_ptr<connection>& c, std::uint64_t tag, std::uint32_t total,
+                     void* data, std::size_t length, bool rendezvous);
   void granted(const std::shared_ptr<ucx_request>& r, const absl::Status& status);
   void receive(const std::shared_ptr<ucx_request>& r);
   void received(ucx_request* r, ucs_status_t status);
@@ -116,8 +104,8 @@ struct ucx_front::state : std::enable_shared_from_this<ucx_front::state> {
   void leave_queue(ucx_request& r);
   void release_rendezvous(ucx_request& r);
   std::shared_ptr<ucx_request> forget(ucx_request* r);
-  void run_handler(const std::shared_ptr<connection>& c, std::uint32_t length,
-                   std::shared_ptr<std::byte[]> body);
+  void run_handler(const std::shared_ptr<connection>& c, std::uint64_t tag,
+                   ucx_front::message body);
 };
 
 }  // namespace dlasync::examples

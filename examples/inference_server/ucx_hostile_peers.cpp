@@ -1,14 +1,15 @@
 #include "ucx_hostile_peers.hpp"
 
+#include <algorithm>
 #include <cstdio>
-#include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "frame.hpp"
-#include "ucx_front.hpp"
+#include "kserve_requests.hpp"
+#include "ucx_protocol.hpp"
 
 ABSL_FLAG(int, ucx_stall, 0,
           "A stalled UCX peer (--transport=ucx): on this many connections, a request of "
@@ -35,23 +36,31 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A valid request whose body is `body_bytes` long (at least 32): a vector
-// of uint8 ones, so that its sum and count are `ones(body_bytes)`.
-std::vector<std::byte> ones_request(std::uint64_t id, std::uint32_t body_bytes) {
-  const std::vector<std::int64_t> shape{static_cast<std::int64_t>(body_bytes) - 32};
-  const std::vector<std::int64_t> strides{1};
-  const std::vector<std::byte> payload(body_bytes - 32, std::byte{1});
-  return encode_request(id, dtypes::uint8, shape, strides, payload);
+// A valid request for the `sum` model whose message takes at most
+// `message_bytes` (at least 64): FP32 ones, so that its sum is their count.
+std::uint32_t ones_count(std::uint32_t message_bytes) {
+  return std::max<std::uint32_t>(message_bytes, 64) / 4 - 16;
 }
 
-bool is_ones_answer(const response& r, std::uint32_t body_bytes) {
-  return r.code == absl::StatusCode::kOk && r.count == static_cast<std::int64_t>(body_bytes) - 32 &&
-         r.sum == static_cast<double>(body_bytes - 32);
+struct ones_request {
+  ones_request(std::uint64_t tag, std::uint32_t message_bytes) : count(ones_count(message_bytes)) {
+    const std::vector<float> ones(count, 1.0F);
+    message = kserve::serialize(kserve::sum_request(std::to_string(tag), ones));
+  }
+  std::uint32_t count;
+  std::vector<std::byte> message;
+};
+
+bool is_ones_answer(const ucx_answer& a, std::uint32_t message_bytes) {
+  if (a.code != absl::StatusCode::kOk) return false;
+  const absl::StatusOr<double> sum = kserve::sum_of(a.bytes, std::to_string(a.tag));
+  return sum.ok() && *sum == ones_count(message_bytes);
 }
 
-std::string describe(const absl::StatusOr<response>& r) {
+std::string describe(const absl::StatusOr<ucx_answer>& r) {
   if (!r.ok()) return r.status().ToString();
-  return absl::StrCat(absl::StatusCodeToString(r->code), " (", r->text, ")");
+  if (r->code == absl::StatusCode::kOk) return absl::StrCat("OK (tag ", r->tag, ")");
+  return absl::StrCat(absl::StatusCodeToString(r->code), " (", r->bytes, ")");
 }
 
 // A new connection whose first request was answered: it is up. With
@@ -63,17 +72,13 @@ absl::StatusOr<int> connect_and_check(ucx_client& client, const ucx_peer_target&
   absl::StatusOr<int> c = client.connect(server.host, server.port);
   if (!c.ok()) return c.status();
   constexpr std::uint32_t body_bytes = 64 << 10;
-  const absl::Status sent = client.send(*c, ones_request(1, body_bytes), rendezvous);
+  const absl::Status sent = client.send(*c, 1, ones_request(1, body_bytes).message, rendezvous);
   if (!sent.ok()) return sent;
-  const absl::StatusOr<response> r = client.receive(*c, 10s);
+  const absl::StatusOr<ucx_answer> r = client.receive(*c, 10s);
   if (!r.ok() || !is_ones_answer(*r, body_bytes)) {
     return absl::UnavailableError(absl::StrCat("a first request was not answered: ", describe(r)));
   }
   return c;
-}
-
-void set_u32(std::vector<std::byte>& bytes, std::size_t at, std::uint32_t v) {
-  std::memcpy(bytes.data() + at, &v, sizeof v);
 }
 
 }  // namespace
@@ -88,26 +93,27 @@ std::vector<std::string> run_ucx_stall(ucx_client& client, const ucx_peer_target
     if (!c.ok()) return {absl::StrCat("stall: ", c.status().ToString())};
     connections.push_back(*c);
   }
-  const absl::Status stalled = client.stall(connections, ones_request(2, options.body_bytes), [&] {
-    std::printf("  stalling: %d requests of %u bytes sent; no progress until %s exists\n",
-                options.connections, options.body_bytes, options.until_file.c_str());
-    std::fflush(stdout);
-    const auto give_up = std::chrono::steady_clock::now() + options.longest;
-    while (!std::filesystem::exists(options.until_file) &&
-           std::chrono::steady_clock::now() < give_up) {
-      std::this_thread::sleep_for(20ms);
-    }
-  });
+  const absl::Status stalled =
+      client.stall(connections, 2, ones_request(2, options.body_bytes).message, [&] {
+        std::printf("  stalling: %d requests of %u bytes sent; no progress until %s exists\n",
+                    options.connections, options.body_bytes, options.until_file.c_str());
+        std::fflush(stdout);
+        const auto give_up = std::chrono::steady_clock::now() + options.longest;
+        while (!std::filesystem::exists(options.until_file) &&
+               std::chrono::steady_clock::now() < give_up) {
+          std::this_thread::sleep_for(20ms);
+        }
+      });
   if (!stalled.ok()) return {absl::StrCat("stall: ", stalled.ToString())};
   int answered = 0;
   int late = 0;
   int closed = 0;
   for (int c : connections) {
-    const absl::StatusOr<response> r = client.receive(c, 10s);
+    const absl::StatusOr<ucx_answer> r = client.receive(c, 10s);
     if (r.ok() && is_ones_answer(*r, options.body_bytes)) {
       ++answered;
     } else if (r.ok() && r->code == absl::StatusCode::kDeadlineExceeded &&
-               r->text.find("--read_timeout_ms") != std::string::npos) {
+               r->bytes.find("--read_timeout_ms") != std::string::npos) {
       ++late;
     } else if (!r.ok() && r.status().code() == absl::StatusCode::kUnavailable) {
       ++closed;
@@ -128,8 +134,10 @@ std::vector<std::string> run_ucx_flood(ucx_client& client, const ucx_peer_target
   // would wait. UCX keeps the sends until the connection is up.
   absl::StatusOr<int> c = client.connect(server.host, server.port);
   if (!c.ok()) return {absl::StrCat("flood: ", c.status().ToString())};
+  const ones_request request(0, options.body_bytes);
   for (int i = 0; i < options.requests; ++i) {
-    const absl::Status sent = client.send(*c, ones_request(100 + i, options.body_bytes));
+    // One message for all: the tags differ, the ids (inside) do not matter.
+    const absl::Status sent = client.send(*c, 0, request.message);
     if (!sent.ok()) return {absl::StrCat("flood: request ", i, ": ", sent.ToString())};
   }
   std::vector<std::string> problems;
@@ -143,7 +151,7 @@ std::vector<std::string> run_ucx_flood(ucx_client& client, const ucx_peer_target
       std::fflush(stdout);
       said = true;
     }
-    const absl::StatusOr<response> r = client.receive(*c, options.answer_within);
+    const absl::StatusOr<ucx_answer> r = client.receive(*c, options.answer_within);
     if (!r.ok()) {
       problems.push_back(absl::StrCat("flood: ", options.requests - got,
                                       " requests unanswered: ", r.status().ToString()));
@@ -152,10 +160,10 @@ std::vector<std::string> run_ucx_flood(ucx_client& client, const ucx_peer_target
     if (is_ones_answer(*r, options.body_bytes)) {
       ++answered;
     } else if (r->code == absl::StatusCode::kResourceExhausted &&
-               r->text.find("--max_queued_") != std::string::npos) {
+               r->bytes.find("--max_queued_") != std::string::npos) {
       ++refused;
     } else if (problems.size() < 10) {
-      problems.push_back(absl::StrCat("flood: request ", r->id, ": ", describe(*r)));
+      problems.push_back(absl::StrCat("flood: ", describe(*r)));
     }
   }
   std::printf("  flood: %d requests, %d refused with ResourceExhausted, %d answered OK\n",
@@ -171,68 +179,77 @@ std::vector<std::string> run_ucx_garbage(ucx_client& client, const ucx_peer_targ
   std::fflush(stdout);
   std::mt19937 rng(options.seed);
   auto below = [&](std::uint32_t n) { return static_cast<std::uint32_t>(rng() % n); };
+  const std::vector<std::byte> valid = ones_request(1, 4096).message;
   int expected = 0;  // messages with the reply flag: each gets one answer
   for (int i = 0; i < options.messages; ++i) {
-    std::vector<std::byte> header(frame_header_bytes + 8 + below(56));
+    std::vector<std::byte> header(ucx_header_bytes);
     for (std::byte& b : header) b = static_cast<std::byte>(rng());
-    set_u32(header, 0, request_magic);
+    const auto good = ucx_request_header(i).encode();
     std::size_t data = below(512);
     bool reply = true;
     // Rendezvous sizes (past UCX's eager limit) for a share of them.
     const std::size_t large = (64u << 10) + below(448u << 10);
+    std::optional<std::size_t> cut;  // a valid request cut to this many bytes
     switch (below(7)) {
-      case 0:  // shorter than a frame header
-        header.resize(below(frame_header_bytes));
+      case 0:  // a header of another size
+        header.resize(below(2) == 0 ? below(ucx_header_bytes) : ucx_header_bytes + 1 + below(48));
         break;
       case 1:  // no way to answer
         reply = false;
-        set_u32(header, 4, static_cast<std::uint32_t>(header.size() - frame_header_bytes + data));
+        std::copy(good.begin(), good.end(), header.begin());
         break;
       case 2:  // a wrong magic, with a payload sent by rendezvous
-        set_u32(header, 0, 0x50545448);
+        std::copy(good.begin() + 4, good.end(), header.begin() + 4);
         data = large;
         break;
-      case 3:  // a body length that disagrees with what the message carries
+      case 3:  // a reserved word that is not 0
+        std::copy(good.begin(), good.end(), header.begin());
+        header[4] = std::byte{1};
+        break;
+      case 4:  // any 16 bytes at all
+        break;
+      case 5:  // a valid request, cut short
+        std::copy(good.begin(), good.end(), header.begin());
+        cut = below(static_cast<std::uint32_t>(valid.size()));
+        break;
+      default:  // a valid header, and data that is no request
+        std::copy(good.begin(), good.end(), header.begin());
         data = below(2) == 0 ? data : large;
-        set_u32(header, 4,
-                static_cast<std::uint32_t>(header.size() - frame_header_bytes + data + 1 +
-                                           below(1000)));
-        break;
-      case 4:  // any bytes at all
-        set_u32(header, 0, static_cast<std::uint32_t>(rng()));
-        set_u32(header, 4, static_cast<std::uint32_t>(rng()));
-        break;
-      case 5:  // a body over any frame limit
-        set_u32(header, 4, 0xFFFFFFFFu);
-        break;
-      default:  // a frame whose length holds, but whose body is garbage
-        data = below(2) == 0 ? data : large;
-        set_u32(header, 4, static_cast<std::uint32_t>(header.size() - frame_header_bytes + data));
         break;
     }
-    const absl::Status sent =
-        client.send_raw(*c, ucx_request_am, reply, header, data, static_cast<std::byte>(rng()));
+    absl::Status sent;
+    if (cut) {
+      // (Cut at a field's end, the message parses, as a request the model
+      // refuses: either way it is answered.)
+      sent = client.send(*c, static_cast<std::uint64_t>(i), std::span(valid).first(*cut));
+    } else {
+      sent =
+          client.send_raw(*c, ucx_request_am, reply, header, data, static_cast<std::byte>(rng()));
+    }
     if (!sent.ok()) return {absl::StrCat("garbage: message ", i, ": ", sent.ToString())};
     expected += reply ? 1 : 0;
   }
-  constexpr std::uint64_t last_id = 7777;
-  if (absl::Status sent = client.send(*c, ones_request(last_id, 256)); !sent.ok()) {
-    return {absl::StrCat("garbage: the valid request after it: ", sent.ToString())};
-  }
-  ++expected;
+  // Every message that asked for an answer gets one; then, with nothing of
+  // this connection's waiting, a valid request is answered OK. (Sent before
+  // the answers came, it could be refused at the queue bounds, rightly.)
   std::vector<std::string> problems;
-  bool last_ok = false;
   int answers = 0;
   for (; answers < expected; ++answers) {
-    const absl::StatusOr<response> r = client.receive(*c, 30s);
+    const absl::StatusOr<ucx_answer> r = client.receive(*c, 30s);
     if (!r.ok()) {
       problems.push_back(absl::StrCat("garbage: ", expected - answers,
                                       " messages unanswered: ", r.status().ToString()));
       break;
     }
-    if (r->id == last_id) last_ok = is_ones_answer(*r, 256);
   }
-  if (!last_ok) problems.emplace_back("garbage: the valid request after it was not answered OK");
+  constexpr std::uint64_t last_tag = 7777777;
+  const absl::StatusOr<ucx_answer> r =
+      client.call(*c, last_tag, ones_request(last_tag, 256).message, 30s);
+  const bool last_ok = r.ok() && r->tag == last_tag && is_ones_answer(*r, 256);
+  if (!last_ok) {
+    problems.push_back(
+        absl::StrCat("garbage: the valid request after it was not answered OK: ", describe(r)));
+  }
   std::printf(
       "  garbage: %d messages sent, %d answers for the %d that asked for one; the valid "
       "request after them %s\n",

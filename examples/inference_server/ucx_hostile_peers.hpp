@@ -10,10 +10,10 @@
 //   - flood: N requests sent back to back on one connection, none waited
 //     for, while the server's budget is held; the server must queue a few
 //     and refuse the rest at once with ResourceExhausted;
-//   - garbage: N messages that break the protocol (headers cut short, wrong
-//     magic, lengths that disagree with the data, no reply flag, rendezvous
-//     payloads with broken frames), then a valid request, which must be
-//     answered.
+//   - garbage: N messages that break the protocol (headers of another size,
+//     a wrong magic or reserved word, no reply flag, requests cut short, data
+//     that is no request, eager and by rendezvous), then a valid request,
+//     which must be answered.
 //
 // Each prints what it saw, as lines the tests read, and returns its
 // problems (empty when the server did what it must).

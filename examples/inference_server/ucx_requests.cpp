@@ -9,6 +9,27 @@
 
 namespace dlasync::examples {
 
+void ucx_front::state::reply_locked(connection& c, std::uint64_t tag,
+                                    absl::StatusOr<std::string> answer) {
+  const absl::StatusCode code = answer.status().code();
+  count(code);
+  if (stopped || !c.alive) return;
+  ucx_worker::am_message m;
+  m.id = ucx_response_am;
+  const auto header = ucx_response_header(tag, code).encode();
+  m.bytes.assign(header.begin(), header.end());
+  m.header_bytes = header.size();
+  // The data is sent from the answer's own bytes, kept until the send ends.
+  auto data = std::make_shared<const std::string>(
+      answer.ok() ? *std::move(answer) : std::string(answer.status().message()));
+  m.data = data->data();
+  m.data_bytes = data->size();
+  // REPLY: the client learns which of its connections the answer is for.
+  m.reply = true;
+  (void)ucx->send_am(c.ep, std::move(m), [data](ucs_status_t) {});
+  ucx->progress();
+}
+
 ucs_status_t ucx_front::state::on_request(void* arg, const void* header, std::size_t header_length,
                                           void* data, std::size_t length,
                                           const ucp_am_recv_param_t* param) {
@@ -20,75 +41,72 @@ ucs_status_t ucx_front::state::on_request(void* arg, const void* header, std::si
   connection& c = *it->second;
   const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
   // Refusals drop the data: a rendezvous payload is never transferred.
-  auto refuse = [&](std::uint64_t id, absl::StatusCode code, std::string text) {
-    self->reply_locked(c, response{id, code, 0, 0, std::move(text)});
+  auto refuse = [&](std::uint64_t tag, const absl::Status& why) {
+    self->reply_locked(c, tag, why);
     return UCS_OK;
   };
-  if (header_length < frame_header_bytes) {
-    return refuse(0, absl::StatusCode::kInvalidArgument,
-                  absl::StrCat("a UCX request's header holds ", header_length,
-                               " bytes; it must start with the 8-byte frame header"));
+  const std::optional<ucx_header> h =
+      ucx_header::decode(std::span(static_cast<const std::byte*>(header), header_length));
+  if (!h) {
+    return refuse(0,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "a UCX request's header holds ", header_length, " bytes; it must be the ",
+                      ucx_header_bytes, "-byte header: magic \"KV2Q\", a reserved word, the tag")));
   }
-  const auto* bytes = static_cast<const std::byte*>(header);
-  const std::span<const std::byte, frame_header_bytes> frame_header(bytes, frame_header_bytes);
-  absl::StatusOr<std::uint32_t> body_length =
-      read_frame_header(frame_header, request_magic, self->opts.max_body);
-  const std::span<const std::byte> head(bytes + frame_header_bytes,
-                                        header_length - frame_header_bytes);
-  const std::uint64_t id = peek_request_id(head);
-  if (!body_length.ok()) {
-    return refuse(id, body_length.status().code(), std::string(body_length.status().message()));
+  if (h->magic != ucx_request_magic || h->word != 0) {
+    return refuse(h->tag,
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "a UCX request's header has magic 0x", absl::Hex(h->magic),
+                      " and reserved word ", h->word, "; a request's magic is 0x",
+                      absl::Hex(ucx_request_magic), " (\"KV2Q\") and its reserved word 0")));
   }
-  const std::uint64_t carried = head.size() + length;
-  if (*body_length != carried) {
-    return refuse(
-        id, absl::StatusCode::kInvalidArgument,
-        absl::StrCat("the frame's body length says ", *body_length, " bytes; the message carries ",
-                     carried, ": send the whole frame, header and payload"));
+  if (length > self->opts.max_body) {
+    return refuse(h->tag, absl::OutOfRangeError(absl::StrCat(
+                              "a request message of ", length, " bytes exceeds the limit of ",
+                              self->opts.max_body, " bytes (--max_frame_mib): send less at once")));
   }
-  const std::uint32_t total = *body_length;
+  const auto total = static_cast<std::uint32_t>(length);
   if (total <= self->budget->limit() && total > self->opts.connection_budget) {
-    return refuse(id, absl::StatusCode::kResourceExhausted,
-                  absl::StrCat("request of ", total, " bytes exceeds the per-connection budget of ",
-                               self->opts.connection_budget,
-                               " bytes (--connection_budget_mib): send smaller tensors"));
+    return refuse(h->tag, absl::ResourceExhaustedError(absl::StrCat(
+                              "request of ", total, " bytes exceeds the per-connection budget of ",
+                              self->opts.connection_budget,
+                              " bytes (--connection_budget_mib): send smaller tensors")));
   }
-  return self->admit(it->second, total, head, data, length, rendezvous);
+  return self->admit(it->second, h->tag, total, data, length, rendezvous);
 }
 
-ucs_status_t ucx_front::state::admit(const std::shared_ptr<connection>& c, std::uint32_t total,
-                                     std::span<const std::byte> head, void* data,
-                                     std::size_t length, bool rendezvous) {
+ucs_status_t ucx_front::state::admit(const std::shared_ptr<connection>& c, std::uint64_t tag,
+                                     std::uint32_t total, void* data, std::size_t length,
+                                     bool rendezvous) {
   auto r = std::make_shared<ucx_request>();
   r->owner = this;
   r->conn = c;
+  r->tag = tag;
   r->length = total;
   // A body that fits now is granted at once; one that must wait for room
   // counts against the connection's queue, whose bounds keep a peer from
   // piling up copies outside the budget.
   const bool now = budget->try_acquire(total);
-  const std::uint64_t held = head.size() + (rendezvous ? 0 : length);
+  const std::uint64_t held = rendezvous ? 0 : length;
   if (!now && total <= budget->limit()) {
     if (c->queued >= opts.max_queued_requests) {
       refused_queue.fetch_add(1);
-      reply_locked(*c, response{peek_request_id(head), absl::StatusCode::kResourceExhausted, 0, 0,
-                                absl::StrCat("this connection has ", c->queued,
-                                             " requests waiting for room in the memory budget, "
-                                             "the most it may (--max_queued_requests=",
-                                             opts.max_queued_requests,
-                                             "): wait for answers before sending more")});
+      reply_locked(*c, tag,
+                   absl::ResourceExhaustedError(absl::StrCat(
+                       "this connection has ", c->queued,
+                       " requests waiting for room in the memory budget, the most it may "
+                       "(--max_queued_requests=",
+                       opts.max_queued_requests, "): wait for answers before sending more")));
       return UCS_OK;
     }
     if (c->queued_bytes + held > opts.max_queued_bytes) {
       refused_queue.fetch_add(1);
-      reply_locked(*c, response{peek_request_id(head), absl::StatusCode::kResourceExhausted, 0, 0,
-                                absl::StrCat("this connection's requests waiting for room in the "
-                                             "memory budget hold ",
-                                             c->queued_bytes, " bytes, and this one ", held,
-                                             " more: past the ", opts.max_queued_bytes,
-                                             " bytes it may hold (--max_queued_kib=",
-                                             opts.max_queued_bytes >> 10,
-                                             "): wait for answers before sending more")});
+      reply_locked(*c, tag,
+                   absl::ResourceExhaustedError(absl::StrCat(
+                       "this connection's requests waiting for room in the memory budget hold ",
+                       c->queued_bytes, " bytes, and this one ", held, " more: past the ",
+                       opts.max_queued_bytes, " bytes it may hold (--max_queued_kib=",
+                       opts.max_queued_bytes >> 10, "): wait for answers before sending more")));
       return UCS_OK;
     }
     r->queued = true;
@@ -96,7 +114,6 @@ ucs_status_t ucx_front::state::admit(const std::shared_ptr<connection>& c, std::
     ++c->queued;
     c->queued_bytes += held;
   }
-  r->head.assign(head.begin(), head.end());
   if (rendezvous) {
     r->rendezvous = data;
   } else if (length > 0) {
@@ -150,26 +167,22 @@ void ucx_front::state::granted(const std::shared_ptr<ucx_request>& r, const absl
   }
   if (!status.ok()) {
     release_rendezvous(*r);
-    const std::string why =
-        r->length > budget->limit()
-            ? std::string(over_whole_budget(r->length, budget->limit()).message())
-            : absl::StrCat("request of ", r->length, " bytes: ", status.message());
-    reply_locked(*r->conn, response{peek_request_id(r->head), status.code(), 0, 0, why});
+    reply_locked(*r->conn, r->tag,
+                 r->length > budget->limit()
+                     ? over_whole_budget(r->length, budget->limit())
+                     : absl::Status(status.code(), absl::StrCat("request of ", r->length,
+                                                                " bytes: ", status.message())));
     return;
   }
-  // The body gives its bytes back to the budget when its last user lets go.
-  r->body = std::shared_ptr<std::byte[]>(new std::byte[r->length],
-                                         [b = budget, n = r->length](std::byte* q) {
-                                           delete[] q;
-                                           b->release(n);
-                                         });
-  // (memcpy takes no null pointer, which empty vectors may give.)
-  if (!r->head.empty()) std::memcpy(r->body.get(), r->head.data(), r->head.size());
+  // The body's room goes back to the budget when its last holder lets go.
+  r->body.room =
+      std::shared_ptr<void>(nullptr, [b = budget, n = r->length](void*) { b->release(n); });
+  r->body.bytes = std::make_unique_for_overwrite<std::byte[]>(r->length);
+  r->body.length = r->length;
   if (r->rendezvous == nullptr) {
-    if (!r->eager.empty()) {
-      std::memcpy(r->body.get() + r->head.size(), r->eager.data(), r->eager.size());
-    }
-    return run_handler(r->conn, r->length, std::move(r->body));
+    // (memcpy takes no null pointer, which an empty vector may give.)
+    if (!r->eager.empty()) std::memcpy(r->body.bytes.get(), r->eager.data(), r->eager.size());
+    return run_handler(r->conn, r->tag, std::move(r->body));
   }
   receive(r);
 }
@@ -187,13 +200,13 @@ void ucx_front::state::receive(const std::shared_ptr<ucx_request>& r) {
   rp.user_data = r.get();
   // UCX owns the descriptor from here on; the callback may run inside.
   void* descriptor = std::exchange(r->rendezvous, nullptr);
-  ucs_status_ptr_t s = ucp_am_recv_data_nbx(
-      ucx->worker(), descriptor, r->body.get() + r->head.size(), r->length - r->head.size(), &rp);
+  ucs_status_ptr_t s =
+      ucp_am_recv_data_nbx(ucx->worker(), descriptor, r->body.bytes.get(), r->length, &rp);
   if (!UCS_PTR_IS_PTR(s)) {
     received(r.get(), UCS_PTR_STATUS(s));  // over inside the call: no callback
   } else if (r->receiving && opts.read_timeout.count() > 0) {
     // The body must arrive within the read deadline of its grant, as over
-    // TCP: a peer that stops sending would hold its room for good.
+    // HTTP: a peer that stops sending would hold its room for good.
     r->deadline = std::make_unique<asio::steady_timer>(executor, opts.read_timeout);
     // Weak: the request owns the timer.
     r->deadline->async_wait([weak = weak_from_this(),
@@ -211,9 +224,9 @@ void ucx_front::state::received(ucx_request* r, ucs_status_t status) {
   r->receiving = false;
   if (r->deadline) r->deadline->cancel();
   const std::shared_ptr<ucx_request> kept = forget(r);
-  std::shared_ptr<std::byte[]> body = std::move(r->body);
+  ucx_front::message body = std::move(r->body);
   if (status == UCS_OK && !stopping && r->conn->alive) {
-    run_handler(r->conn, r->length, std::move(body));
+    run_handler(r->conn, r->tag, std::move(body));
   }
   // Otherwise the body goes, and its bytes back to the budget.
 }
@@ -222,33 +235,32 @@ void ucx_front::state::past_deadline(const std::shared_ptr<ucx_request>& r) {
   std::lock_guard lock(ucx->mutex());
   if (stopped || !r->receiving || !r->conn->alive) return;
   closed_late.fetch_add(1);
-  reply_locked(
-      *r->conn,
-      response{peek_request_id(r->head), absl::StatusCode::kDeadlineExceeded, 0, 0,
-               absl::StrCat("the request's body did not arrive within ", opts.read_timeout.count(),
-                            " ms (--read_timeout_ms); closing the connection")});
+  reply_locked(*r->conn, r->tag,
+               absl::DeadlineExceededError(absl::StrCat(
+                   "the request's body did not arrive within ", opts.read_timeout.count(),
+                   " ms (--read_timeout_ms); closing the connection")));
   // Closing the endpoint ends its receives (UCX completes them as
   // cancelled), and their bodies go back to the budget.
   close_connection(r->conn, /*from_ucx=*/false);
   ucx->progress();
 }
 
-void ucx_front::state::run_handler(const std::shared_ptr<connection>& c, std::uint32_t length,
-                                   std::shared_ptr<std::byte[]> body) {
-  bytes_in.fetch_add(frame_header_bytes + length);
+void ucx_front::state::run_handler(const std::shared_ptr<connection>& c, std::uint64_t tag,
+                                   ucx_front::message body) {
+  bytes_in.fetch_add(ucx_header_bytes + body.length);
   {
     std::lock_guard lock(running_mutex);
     ++running;
   }
   // Posted: co_spawn would start the handler right here, under the lock.
-  asio::post(executor, [self = shared_from_this(), c, length, body = std::move(body)]() mutable {
+  asio::post(executor, [self = shared_from_this(), c, tag, body = std::move(body)]() mutable {
     asio::co_spawn(
         self->executor,
-        [self, c, length, body = std::move(body)]() mutable -> asio::awaitable<void> {
-          const response r = co_await self->handle(std::move(body), length);
+        [self, c, tag, body = std::move(body)]() mutable -> asio::awaitable<void> {
+          absl::StatusOr<std::string> answer = co_await self->handle(std::move(body));
           {
             std::lock_guard lock(self->ucx->mutex());
-            self->reply_locked(*c, r);
+            self->reply_locked(*c, tag, std::move(answer));
           }
           std::lock_guard lock(self->running_mutex);
           if (--self->running == 0) self->running_done.notify_all();

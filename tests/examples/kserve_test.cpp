@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "asio/co_spawn.hpp"
@@ -13,8 +14,11 @@
 #include "kserve.hpp"
 #include "kserve_json.hpp"
 #include "kserve_models.hpp"
+#include "kserve_requests.hpp"
+#include "kserve_service.hpp"
 #include "shm_registry.hpp"
 #include "support/test_tensors.hpp"
+#include "ucx_protocol.hpp"
 
 namespace dlasync::examples::kserve {
 namespace {
@@ -210,20 +214,40 @@ input_tensor counted_input(const char* name, const char* datatype, std::vector<s
   return in;
 }
 
+// A host runtime and the models, as the server makes them; shut down at the
+// end of the test.
+struct host_models {
+  host_models() {
+    runtime_options o;
+    o.cuda = "off";
+    o.worker_threads = 1;
+    absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(o);
+    REQUIRE(created.ok());
+    rt = *std::move(created);
+    absl::StatusOr<std::unique_ptr<device_sum>> made = device_sum::create(*rt);
+    REQUIRE(made.ok());
+    compute = *std::move(made);
+    models.emplace(*rt, *compute, host_device);
+  }
+  ~host_models() { rt->shutdown(); }
+  host_models(const host_models&) = delete;
+  host_models& operator=(const host_models&) = delete;
+
+  // `a`'s result, run on the runtime's executor.
+  template <typename T>
+  T run(asio::awaitable<T> a) {
+    return asio::co_spawn(rt->get_executor(), std::move(a), asio::use_future).get();
+  }
+
+  std::unique_ptr<runtime> rt;
+  std::unique_ptr<device_sum> compute;
+  std::optional<model_handler> models;
+};
+
 TEST_CASE("every input's owner is released exactly once, answered or refused",
           "[examples][kserve]") {
-  runtime_options o;
-  o.cuda = "off";
-  o.worker_threads = 1;
-  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(o);
-  REQUIRE(rt.ok());
-  absl::StatusOr<std::unique_ptr<device_sum>> compute = device_sum::create(**rt);
-  REQUIRE(compute.ok());
-  model_handler models(**rt, **compute, host_device);
-  const auto run = [&](infer_request r) {
-    return asio::co_spawn((*rt)->get_executor(), models.infer(std::move(r)), asio::use_future)
-        .get();
-  };
+  host_models host;
+  const auto run = [&](infer_request r) { return host.run(host.models->infer(std::move(r))); };
   int released = 0;
   SECTION("sum, echo and negate answered") {
     for (const char* model : {"sum", "negate"}) {
@@ -252,7 +276,90 @@ TEST_CASE("every input's owner is released exactly once, answered or refused",
                    {"is FP32; the request sends INT32"});
     CHECK(released == 1);
   }
-  (*rt)->shutdown();
+}
+
+TEST_CASE("a serialized request is answered, its room held until its tensors are released",
+          "[examples][kserve]") {
+  // Made before the runtime, so that they outlive every deleter it runs.
+  const shm_registry shm(false);
+  memory_budget budget(1 << 20);
+  buffer_pool pool(0);
+  int rooms_released = 0;
+  host_models host;
+  const message_server server{*host.models, shm, budget, pool};
+  // The bytes as the UCX transport hands them over: granted from the budget.
+  const auto answer = [&](const std::vector<std::byte>& message) {
+    REQUIRE(budget.try_acquire(message.size()));
+    std::shared_ptr<void> room(nullptr, [&, n = message.size()](void*) {
+      budget.release(n);
+      ++rooms_released;
+    });
+    auto bytes = std::make_unique<std::byte[]>(std::max<std::size_t>(message.size(), 1));
+    std::memcpy(bytes.get(), message.data(), message.size());
+    return host.run(server.answer_serialized(std::move(bytes), message.size(), std::move(room)));
+  };
+  SECTION("sum") {
+    const std::vector<float> values{1, 2, 3, 4.5F};
+    const absl::StatusOr<std::string> r = answer(serialize(sum_request("seven", values)));
+    REQUIRE(r.ok());
+    const absl::StatusOr<double> sum = sum_of(*r, "seven");
+    REQUIRE(sum.ok());
+    CHECK(*sum == 10.5);
+    require_status(sum_of(*r, "eight").status(), absl::StatusCode::kInvalidArgument,
+                   {"the request's \"eight\""});
+  }
+  SECTION("echo returns the raw contents it was sent") {
+    inference::ModelInferRequest m;
+    m.set_model_name("echo");
+    auto* in0 = m.add_inputs();
+    in0->set_name("INPUT0");
+    in0->set_datatype("FP32");
+    in0->add_shape(1);
+    in0->add_shape(2);
+    auto* in1 = m.add_inputs();
+    in1->set_name("INPUT1");
+    in1->set_datatype("INT64");
+    in1->add_shape(1);
+    m.add_raw_input_contents()->assign(floats_bytes({5, -6}));
+    const std::int64_t seven = 7;
+    m.add_raw_input_contents()->assign(reinterpret_cast<const char*>(&seven), sizeof seven);
+    const absl::StatusOr<std::string> r = answer(serialize(m));
+    REQUIRE(r.ok());
+    inference::ModelInferResponse response;
+    REQUIRE(response.ParseFromString(*r));
+    REQUIRE(response.raw_output_contents_size() == 2);
+    CHECK(response.raw_output_contents(0) == floats_bytes({5, -6}));
+    CHECK(response.raw_output_contents(1) ==
+          std::string(reinterpret_cast<const char*>(&seven), sizeof seven));
+  }
+  SECTION("bytes that are no request") {
+    const std::vector<std::byte> garbage(16, std::byte{0xFF});
+    require_status(answer(garbage).status(), absl::StatusCode::kInvalidArgument,
+                   {"16 bytes are not a ModelInferRequest"});
+  }
+  SECTION("a request the model refuses") {
+    inference::ModelInferRequest m = sum_request("x", std::vector<float>{1, 2});
+    m.mutable_inputs(0)->set_datatype("INT32");
+    require_status(answer(serialize(m)).status(), absl::StatusCode::kInvalidArgument,
+                   {"the request sends INT32"});
+  }
+  CHECK(rooms_released == 1);
+  CHECK(budget.in_use() == 0);
+}
+
+TEST_CASE("the UCX transport's header is 16 bytes, read back as written", "[examples][kserve]") {
+  const auto bytes = ucx_response_header(0x0102030405060708, absl::StatusCode::kNotFound).encode();
+  const std::optional<ucx_header> h = ucx_header::decode(bytes);
+  REQUIRE(h.has_value());
+  CHECK(h->magic == ucx_response_magic);
+  CHECK(h->word == 5);
+  CHECK(h->tag == 0x0102030405060708);
+  CHECK_FALSE(ucx_header::decode(std::span(bytes).first(15)).has_value());
+  const std::vector<std::byte> longer(17);
+  CHECK_FALSE(ucx_header::decode(longer).has_value());
+  // "KV2Q" in memory, as the wire format says.
+  const auto request = ucx_request_header(1).encode();
+  CHECK(std::memcmp(request.data(), "KV2Q", 4) == 0);
 }
 
 TEST_CASE("responses encode JSON data or binary data with its size", "[examples][kserve]") {

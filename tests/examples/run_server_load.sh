@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Starts the inference server, drives it with the load client (valid and
-# malformed frames from many connections), asks for the runtime's counters
+# malformed requests from many connections: its TCP frames, then KServe v2
+# over REST and gRPC), asks for the runtime's counters
 # with SIGUSR1, stops it with SIGTERM, and checks both reports and exit
 # statuses.
 #   run_server_load.sh SERVER CLIENT [server flags...]
@@ -10,22 +11,25 @@ client=$2
 shift 2
 source "$(dirname "$0")/server_test_lib.sh"
 
-"$server" --port=0 --port_file="$dir/port" --max_frame_mib=1 --memory_budget_mib=8 "$@" \
+"$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
+  --grpc_port=0 --grpc_port_file="$dir/grpc_port" --max_frame_mib=1 --memory_budget_mib=8 "$@" \
   >"$dir/server.out" 2>&1 &
 server_pid=$!
-wait_for_files "$dir/port"
+wait_for_files "$dir/port" "$dir/http_port" "$dir/grpc_port"
 port=$(cat "$dir/port")
 
-"$client" --port="$port" --connections=16 --seconds=3 --malformed=0.3 \
-  --server_max_frame_mib=1 --max_elements=20000 >"$dir/client.out" 2>&1
-client_status=$?
-cat "$dir/client.out"
-[ "$client_status" -eq 0 ] || fail "the client exited with $client_status"
-grep -q '^  wrong or missing answers: 0$' "$dir/client.out" || fail "wrong answers"
-valid=$(sed -n 's/^  valid requests answered correctly: \([0-9]*\).*/\1/p' "$dir/client.out")
-malformed=$(sed -n 's/^  malformed frames answered as expected: \([0-9]*\).*/\1/p' "$dir/client.out")
-[ "${valid:-0}" -gt 0 ] || fail "no valid request answered"
-[ "${malformed:-0}" -gt 0 ] || fail "no malformed frame answered"
+run_load client --port="$port" --connections=16 --seconds=3 --malformed=0.3 \
+  --server_max_frame_mib=1 --max_elements=20000
+valid=$answered
+
+# The same server over KServe v2: requests to the sum model, with every
+# refusal checked for its status and words.
+for transport in rest grpc; do
+  run_load "$transport" --transport="$transport" --http_port="$(cat "$dir/http_port")" \
+    --grpc_port="$(cat "$dir/grpc_port")" --connections=8 --seconds=2 --malformed=0.3 \
+    --server_max_frame_mib=1 --max_elements=20000
+  valid=$((valid + answered))
+done
 
 # The server is still healthy: one more short run on a fresh connection.
 "$client" --port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 \

@@ -9,13 +9,15 @@
 // at most 2 MiB of data in all), each:
 //
 //   byte 0    flags: bit 0 the reply flag; bits 1-2 the kind: 0 any header,
-//             1 a frame header whose length matches what the message carries
-//             (give or take byte 3's top bits), 2 a valid request, 3 any
-//             header; bit 3 a large payload (rendezvous); bit 4 the server's
-//             request id (0x51), else bytes 1-2
+//             1 a request's header (a nonzero reserved word when byte 3's
+//             top bits say so) with any data, 2 a valid request (a
+//             serialized ModelInferRequest), 3 any header; bit 3 a large
+//             payload (rendezvous); bit 4 the server's request id (0x51),
+//             else bytes 1-2
 //   bytes 1-2 the active-message id, little-endian
-//   byte 3    the header's length (kinds 0, 1, 3: up to 63 bytes taken from
-//             the input after byte 6) or the valid request's size
+//   byte 3    the header's length (kinds 0, 3: up to 63 bytes taken from the
+//             input after byte 6), the data's first bytes (kind 1: as many
+//             taken), or the valid request's size
 //   bytes 4-5 the payload's length: small, up to 4 KiB; large, 16 to 272 KiB
 //   byte 6    the payload's byte
 //
@@ -23,7 +25,8 @@
 // input (else the target traps):
 //   - no sanitizer report, no crash, no hang: each wait is bounded;
 //   - every message to 0x51 with the reply flag is answered exactly once,
-//     and so is the valid request after them, with OK and its sum;
+//     with a response's header, and so is the valid request after them,
+//     with OK and its sum;
 //   - once the server is quiet, its budget holds nothing and no request is in
 //     progress; at exit, once the server and its peer are taken down,
 //     LeakSanitizer finds nothing.
@@ -46,9 +49,10 @@
 #include "asio/executor_work_guard.hpp"
 #include "asio/io_context.hpp"
 #include "dlasync/dlasync.hpp"
-#include "frame.hpp"
+#include "kserve_requests.hpp"
 #include "remote/src/ucx_worker.hpp"
 #include "ucx_front.hpp"
+#include "ucx_protocol.hpp"
 
 namespace {
 
@@ -72,28 +76,44 @@ constexpr std::size_t most_data = 2 << 20;
   __builtin_trap();
 }
 
-// A request of `n` uint8 ones (sum n), as frame bytes.
-std::vector<std::byte> ones_request(std::uint64_t id, std::uint32_t n) {
-  const std::array<std::int64_t, 1> shape{n};
-  const std::array<std::int64_t, 1> strides{1};
-  const std::vector<std::byte> payload(n, std::byte{1});
-  return encode_request(id, dtypes::uint8, shape, strides, payload);
+// A request message: the header with `tag`, then a `sum` request of `n`
+// FP32 ones (sum n).
+std::vector<std::byte> ones_request(std::uint64_t tag, std::uint32_t n) {
+  const std::vector<float> ones(n, 1.0F);
+  const std::vector<std::byte> message =
+      kserve::serialize(kserve::sum_request(std::to_string(tag), ones));
+  const auto header = ucx_request_header(tag).encode();
+  std::vector<std::byte> bytes(header.begin(), header.end());
+  bytes.insert(bytes.end(), message.begin(), message.end());
+  return bytes;
 }
 
-// The server's answer: parse, and the sum of a valid request's ones (no
-// import: the handler behind the transport is not what is fuzzed here).
-asio::awaitable<response> handle(std::shared_ptr<std::byte[]> body, std::uint32_t length) {
-  const std::span<const std::byte> bytes(body.get(), length);
-  absl::StatusOr<request> r = parse_request(bytes);
-  if (!r.ok()) {
-    co_return response{peek_request_id(bytes), r.status().code(), 0, 0,
-                       std::string(r.status().message())};
+// The server's answer: a message that parses, answered with the sum of its
+// first raw contents as FP32 (no import: the handler behind the transport is
+// not what is fuzzed here).
+asio::awaitable<absl::StatusOr<std::string>> handle(ucx_front::message m) {
+  inference::ModelInferRequest r;
+  if (!r.ParseFromArray(m.bytes.get(), static_cast<int>(m.length))) {
+    co_return absl::InvalidArgumentError("not a ModelInferRequest");
   }
+  if (r.raw_input_contents_size() != 1 || r.raw_input_contents(0).size() % 4 != 0) {
+    co_return absl::InvalidArgumentError("not one input of FP32");
+  }
+  const std::string& raw = r.raw_input_contents(0);
   double sum = 0;
-  for (std::uint64_t i = 0; i < r->payload_bytes; ++i) {
-    sum += static_cast<double>(bytes[r->payload_offset + i]);
+  for (std::size_t i = 0; i < raw.size(); i += 4) {
+    float v = 0;
+    std::memcpy(&v, raw.data() + i, 4);
+    sum += v;
   }
-  co_return response{r->id, absl::StatusCode::kOk, sum, 0, "fuzz"};
+  inference::ModelInferResponse response;
+  response.set_id(r.id());
+  auto* out = response.add_outputs();
+  out->set_name("SUM");
+  out->set_datatype("FP64");
+  out->add_shape(1);
+  response.add_raw_output_contents()->assign(reinterpret_cast<const char*>(&sum), sizeof sum);
+  co_return response.SerializeAsString();
 }
 
 // The server and its peer, made once: UCX's start-up costs milliseconds.
@@ -107,20 +127,24 @@ struct setup {
   ucp_ep_h ep = nullptr;
   // Answers the peer received, under the peer's mutex.
   std::size_t answers = 0;
-  std::optional<response> last;
-  std::uint64_t last_id = 0;
+  // The answer to the request tagged `last_tag`: its code and data.
+  std::optional<std::pair<absl::StatusCode, std::string>> last;
+  std::uint64_t last_tag = 0;
   bool taking_down = false;  // at exit: the connection goes
 
-  static ucs_status_t on_answer(void* arg, const void* header, std::size_t length, void*,
-                                std::size_t, const ucp_am_recv_param_t*) {
+  static ucs_status_t on_answer(void* arg, const void* header, std::size_t length, void* data,
+                                std::size_t data_length, const ucp_am_recv_param_t* param) {
     auto* s = static_cast<setup*>(arg);
     ++s->answers;
-    if (length < frame_header_bytes) fail("an answer shorter than a frame header");
-    const auto* b = static_cast<const std::byte*>(header);
-    absl::StatusOr<response> r =
-        parse_response(std::span(b + frame_header_bytes, length - frame_header_bytes));
-    if (!r.ok()) fail("an answer that does not parse");
-    if (r->id == s->last_id) s->last = *r;
+    const std::optional<ucx_header> h =
+        ucx_header::decode(std::span(static_cast<const std::byte*>(header), length));
+    if (!h || h->magic != ucx_response_magic) fail("an answer without a response's header");
+    // Every answer here is short: an error's text, or one sum.
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) fail("an answer by rendezvous");
+    if (h->tag == s->last_tag) {
+      s->last.emplace(static_cast<absl::StatusCode>(h->word),
+                      std::string(static_cast<const char*>(data), data_length));
+    }
     return UCS_OK;
   }
 
@@ -213,19 +237,20 @@ void send(setup& s, unsigned id, bool reply, std::vector<std::byte> bytes, std::
 // answered OK, and that the server goes quiet.
 void check_served(setup& s, std::size_t answered) {
   constexpr std::uint32_t ones = 100;
+  constexpr std::uint64_t tag = 1ULL << 60;
   {
     std::lock_guard lock(s.peer->mutex());
     s.last.reset();
-    s.last_id = 77;
+    s.last_tag = tag;
   }
-  std::vector<std::byte> request = ones_request(77, ones);
-  const std::size_t size = request.size();
-  send(s, ucx_request_am, true, std::move(request), size);
+  send(s, ucx_request_am, true, ones_request(tag, ones), ucx_header_bytes);
   wait_quiet(s, answered + 1);
   std::lock_guard lock(s.peer->mutex());
-  if (!s.last || s.last->code != absl::StatusCode::kOk || s.last->sum != ones) {
+  if (!s.last || s.last->first != absl::StatusCode::kOk) {
     fail("a valid request was not answered OK");
   }
+  const absl::StatusOr<double> sum = kserve::sum_of(s.last->second, std::to_string(tag));
+  if (!sum.ok() || *sum != ones) fail("a valid request was not answered with its sum");
 }
 
 }  // namespace
@@ -263,24 +288,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::vector<std::byte> bytes;
     std::size_t header = 0;
     if (kind == 2) {
-      // A valid request, its first bytes as the header (as the client does).
-      bytes = ones_request(1000 + n, static_cast<std::uint32_t>(std::size_t{sized} * 64 + payload));
-      header = std::min<std::size_t>(bytes.size(), 1024);
+      // A valid request: FP32 ones, as many as byte 3 and the payload say.
+      bytes = ones_request(1000 + n, static_cast<std::uint32_t>(sized * 16 + payload / 4));
+      header = ucx_header_bytes;
     } else {
       const std::size_t taken = std::min<std::size_t>(sized & 63, size - at);
       if (kind == 1) {
-        // A frame header, then the taken bytes, whose length holds (or is
-        // off by what the top bits of byte 3 say).
-        const auto body = static_cast<std::uint32_t>(taken + payload + (sized >> 6));
-        bytes.resize(frame_header_bytes);
-        std::memcpy(bytes.data(), &request_magic, 4);
-        std::memcpy(bytes.data() + 4, &body, 4);
+        // A request's header (its reserved word what byte 3's top bits say),
+        // then the taken bytes as the data's first.
+        ucx_header h = ucx_request_header(2000 + n);
+        h.word = sized >> 6;
+        const auto encoded = h.encode();
+        bytes.assign(encoded.begin(), encoded.end());
       }
       const auto* from = reinterpret_cast<const std::byte*>(data + at);
       bytes.insert(bytes.end(), from, from + taken);
       at += taken;
-      header = bytes.size();
-      bytes.resize(header + payload, fill);
+      header = kind == 1 ? ucx_header_bytes : bytes.size();
+      bytes.resize(bytes.size() + payload, fill);
     }
     if (id == ucx_request_am && reply) ++expected;
     send(s, id, reply, std::move(bytes), header);

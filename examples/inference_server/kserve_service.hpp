@@ -1,0 +1,49 @@
+// What answers an inference request message (grpc_service.proto's
+// ModelInferRequest), whichever transport carried it: the gRPC front, and
+// the UCX transport, which carries the same messages serialized. One path
+// from the message to its response: the inputs taken (kserve_grpc.hpp),
+// read from shared memory where they name a region (shm_registry.hpp), the
+// model run (kserve_models.hpp), the outputs written.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "asio/awaitable.hpp"
+#include "buffer_pool.hpp"
+#include "dlasync/dlasync.hpp"
+#include "grpc_service.pb.h"
+#include "kserve_models.hpp"
+#include "shm_registry.hpp"
+
+namespace dlasync::examples::kserve {
+
+struct message_server {
+  model_handler& models;
+  const shm_registry& shm;
+  memory_budget& budget;
+  buffer_pool& pool;
+
+  // The answer to `request` in `response`: its inputs taken (from_message)
+  // and read from shared memory, the model run, the outputs that name a
+  // region written there. `owner` keeps `request` alive while a tensor views
+  // its raw contents. The errors of from_message, read_inputs, the model
+  // (model_handler::infer) and write_outputs.
+  asio::awaitable<absl::Status> answer(const inference::ModelInferRequest& request,
+                                       const std::shared_ptr<void>& owner,
+                                       inference::ModelInferResponse& response) const;
+
+  // The answer to the serialized ModelInferRequest in `bytes` (`length` of
+  // them), serialized: the UCX transport's. The bytes are freed once parsed;
+  // `room`, their share of the budget, stays held for the parsed message
+  // until the last tensor that views it is released.
+  //   InvalidArgument  bytes that are not a ModelInferRequest;
+  //   what answer() says.
+  asio::awaitable<absl::StatusOr<std::string>> answer_serialized(std::unique_ptr<std::byte[]> bytes,
+                                                                 std::size_t length,
+                                                                 std::shared_ptr<void> room) const;
+};
+
+}  // namespace dlasync::examples::kserve
