@@ -45,9 +45,9 @@ def start_server(build, work):
     port_file = os.path.join(work, "http_port")
     grpc_file = os.path.join(work, "grpc_port")
     server = subprocess.Popen(
-        [os.path.join(build, "examples", "dlasync_server"), "--port=0", "--http_port=0",
+        [os.path.join(build, "examples", "dlasync_server"), "--http_port=0",
          f"--http_port_file={port_file}", "--grpc_port=0", f"--grpc_port_file={grpc_file}",
-         "--device=cpu", "--max_frame_mib=64",
+         "--device=cpu", "--max_request_mib=64",
          "--memory_budget_mib=512", "--connection_budget_mib=256", "--allow_client_shm"],
         stdout=open(os.path.join(work, "server.out"), "w"), stderr=subprocess.STDOUT)
     for _ in range(300):

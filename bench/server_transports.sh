@@ -23,8 +23,8 @@ if grep -q '^DLASYNC_WITH_UCX:BOOL=ON' "$build/CMakeCache.txt" 2>/dev/null; then
   transports+=(ucx)
   ucx_flags=(--ucx_port=0 --ucx_port_file="$dir/ucx")
 fi
-"$server" --port=0 --http_port=0 --http_port_file="$dir/http" --grpc_port=0 \
-  --grpc_port_file="$dir/grpc" "${ucx_flags[@]}" --device=cpu --max_frame_mib=16 \
+"$server" --http_port=0 --http_port_file="$dir/http" --grpc_port=0 \
+  --grpc_port_file="$dir/grpc" "${ucx_flags[@]}" --device=cpu --max_request_mib=16 \
   --memory_budget_mib=256 >"$dir/server.out" 2>&1 &
 pid=$!
 for _ in $(seq 1 100); do

@@ -35,8 +35,8 @@ if grep -q '^DLASYNC_WITH_UCX:BOOL=ON' build-demo/CMakeCache.txt; then
   transports+=(ucx)
   ucx=(--ucx_port=0 --ucx_port_file="$dir/ucx")
 fi
-build-demo/examples/dlasync_server --port=0 --http_port=0 --http_port_file="$dir/http" \
-  --grpc_port=0 --grpc_port_file="$dir/grpc" "${ucx[@]}" --max_frame_mib=1 "$@" \
+build-demo/examples/dlasync_server --http_port=0 --http_port_file="$dir/http" \
+  --grpc_port=0 --grpc_port_file="$dir/grpc" "${ucx[@]}" --max_request_mib=1 "$@" \
   >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 100); do
@@ -49,7 +49,7 @@ grep -v '^\[' "$dir/server.out"
 for transport in "${transports[@]}"; do
   build-demo/examples/dlasync_load --transport="$transport" --http_port="$(cat "$dir/http")" \
     --grpc_port="$(cat "$dir/grpc")" --ucx_port="$(cat "$dir/ucx" 2>/dev/null || echo 0)" \
-    --connections=8 --seconds=5 --malformed=0.1 --server_max_frame_mib=1 2>&1 | grep -v '^\['
+    --connections=8 --seconds=5 --malformed=0.1 --server_max_request_mib=1 2>&1 | grep -v '^\['
 done
 kill -TERM "$server_pid"
 wait "$server_pid"

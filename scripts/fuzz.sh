@@ -16,7 +16,7 @@ bash scripts/install-deps.sh clang-14 libclang-rt-14-dev
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_COMPILER=clang++-14 -DDLASYNC_FUZZ=ON -DDLASYNC_WITH_CUDA=OFF \
   -DDLASYNC_BUILD_TESTS=OFF -DDLASYNC_BUILD_EXAMPLES=OFF >/dev/null
-targets=(import frame kserve)
+targets=(import kserve)
 # Where UCX is there: the descriptor and node-message fuzzers (the remote
 # component) and the inference server's UCX transport.
 if pkg-config --exists ucx; then targets+=(descriptor node_messages ucx_server); fi

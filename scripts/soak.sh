@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Soak: the inference server under many connections, with valid and
-# malformed frames and a memory budget far below the offered load, for a
-# bounded time, and at the same time KServe v2 inference requests over its
-# REST and gRPC fronts (h2load, 64 KiB tensors). The server's resident set
-# size is sampled once a second. Passes when every valid frame was answered
-# correctly, every malformed frame (bodies beyond the whole budget among
-# them) got its specific error, every REST and gRPC request completed (REST
-# with 200), the server stopped cleanly, and its memory stayed flat over the
-# second half of the run.
+# Soak: the inference server under many REST connections from the load
+# client, with valid and malformed KServe v2 requests and a memory budget far
+# below the offered load, for a bounded time, and at the same time h2load's
+# requests over its REST and gRPC fronts (64 KiB tensors). The server's
+# resident set size is sampled once a second. Passes when every valid request
+# of the load client was answered correctly, every malformed one (bodies
+# beyond the whole budget among them) got its specific error, every h2load
+# request completed (REST with 200), the server stopped cleanly, and its
+# memory stayed flat over the second half of the run.
 #
 #   scripts/soak.sh                     60 s on the host
 #   scripts/soak.sh 600 --sim_gpus=2    10 minutes onto 2 simulated GPUs
@@ -23,7 +23,7 @@ seconds=${1:-60}
 connections=${SOAK_CONNECTIONS:-64}
 budget_mib=${SOAK_BUDGET_MIB:-4}
 max_slope=${SOAK_MAX_SLOPE:-2}
-frame_mib=$((budget_mib * 2))
+request_mib=$((budget_mib * 2))
 
 bash scripts/install-deps.sh nghttp2-client
 cmake -S . -B build-demo -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++-12 \
@@ -46,13 +46,13 @@ fail() {
   exit 1
 }
 
-build-demo/examples/dlasync_server --port=0 --port_file="$dir/port" \
+build-demo/examples/dlasync_server \
   --http_port=0 --http_port_file="$dir/http_port" --grpc_port=0 --grpc_port_file="$dir/grpc_port" \
   --memory_budget_mib="$budget_mib" --connection_budget_mib="$budget_mib" \
-  --max_frame_mib="$frame_mib" "$@" >"$dir/server.out" 2>&1 &
+  --max_request_mib="$request_mib" "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 for _ in $(seq 1 300); do
-  [ -s "$dir/port" ] && [ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] && break
+  [ -s "$dir/http_port" ] && [ -s "$dir/grpc_port" ] && break
   kill -0 "$server_pid" 2>/dev/null || fail "the server exited early"
   sleep 0.1
 done
@@ -70,10 +70,10 @@ python3 bench/kserve_bodies.py "$dir" 16384  # 64 KiB of FP32
 ) &
 sampler_pid=$!
 
-# Requests of up to 2 MiB (2^18 elements of 8 bytes) from many connections
-# against a budget of a few MiB: most of them wait for room.
+# Requests of up to 2 MiB (2^19 FP32 elements) from many connections against
+# a budget of a few MiB: most of them wait for room.
 echo "soak: $seconds s, $connections connections, budget $budget_mib MiB, server flags: $*"
-# KServe v2 beside the frames, for the same time: REST (HTTP/1.1) and gRPC.
+# h2load beside them, for the same time: REST (HTTP/1.1) and gRPC.
 h2load --h1 -D "$seconds" -c 8 -m 1 -d "$dir/rest.body" -H "$(cat "$dir/rest.header")" \
   "http://127.0.0.1:$(cat "$dir/http_port")/v2/models/sum/infer" >"$dir/rest.out" 2>&1 &
 rest_pid=$!
@@ -82,9 +82,9 @@ h2load -D "$seconds" -c 8 -m 1 -d "$dir/grpc.body" -H 'content-type: application
   >"$dir/grpc.out" 2>&1 &
 grpc_pid=$!
 client_status=0
-build-demo/examples/dlasync_load --port="$(cat "$dir/port")" --connections="$connections" \
-  --seconds="$seconds" --malformed=0.1 --max_elements=262144 \
-  --server_max_frame_mib="$frame_mib" --server_budget_mib="$budget_mib" \
+build-demo/examples/dlasync_load --transport=rest --http_port="$(cat "$dir/http_port")" \
+  --connections="$connections" --seconds="$seconds" --malformed=0.1 --max_elements=524288 \
+  --server_max_request_mib="$request_mib" --server_budget_mib="$budget_mib" \
   >"$dir/client.out" 2>&1 || client_status=$?
 cat "$dir/client.out"
 

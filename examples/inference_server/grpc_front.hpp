@@ -9,7 +9,7 @@
 // gRPC frees once the call is finished, lives until their DLPack deleters
 // have run.
 //
-// A request message is at most --max_frame_mib (larger ones get
+// A request message is at most --max_request_mib (larger ones get
 // RESOURCE_EXHAUSTED from gRPC before any of it reaches the server), and
 // its bytes are taken from the memory budget while it is handled: it waits
 // for room, as the other fronts' requests do (RESOURCE_EXHAUSTED at once

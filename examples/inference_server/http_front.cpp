@@ -344,7 +344,7 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
       co_return reply::error(
           413, absl::StatusCode::kResourceExhausted,
           absl::StrCat("a body of ", length, " bytes is over the server's limit of ",
-                       limits.max_body, " bytes (--max_frame_mib): send smaller requests"),
+                       limits.max_body, " bytes (--max_request_mib): send smaller requests"),
           true);
     }
     if (length > budget.limit()) {
@@ -369,6 +369,7 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
             co_await before(deadline_after(limits.read_timeout),
                             socket_.async_wait(tcp::socket::wait_read, as_tuple_awaitable));
         if (!ready) {
+          front_.stats_.closed_late.fetch_add(1);
           co_return reply::error(
               408, absl::StatusCode::kDeadlineExceeded,
               absl::StrCat("the body did not start within ", limits.read_timeout.count(),
@@ -444,7 +445,7 @@ asio::awaitable<std::optional<http_front::reply>> http_front::connection::read_b
     const int status = parse_.body_too_large() ? 413 : 400;
     co_return reply::error(status, absl::StatusCode::kInvalidArgument,
                            absl::StrCat("malformed body: ", parse_.error(),
-                                        parse_.body_too_large() ? " (--max_frame_mib)" : ""),
+                                        parse_.body_too_large() ? " (--max_request_mib)" : ""),
                            true);
   }
   if (chunked) {

@@ -16,16 +16,17 @@
 // http_parse: keep-alive, pipelined requests (answered in order), chunked
 // bodies, and Expect: 100-continue. A request's head is checked before its
 // body is taken: a head over --http_max_header_kib gets 431, a body over
-// --max_frame_mib or over the connection's share of the memory budget gets
-// 413, and the body then waits for room in the budget, as the TCP front's
-// frames do. A body of known length is read straight into its buffer and
+// --max_request_mib or over the connection's share of the memory budget gets
+// 413, and the body then waits for room in the budget, as a UCX message or a
+// gRPC call does. A body of known length is read straight into its buffer and
 // imported from there. Every read and write has the server's deadlines
 // (--read_timeout_ms from a request's first byte, --idle_timeout_ms
 // between requests): a slow peer gets 408 and is cut off. Errors are the
 // protocol's {"error": "..."} with a status that follows the error's code.
 // After an error that leaves a body unread, the connection is closed.
 //
-// Thread safety: as tcp_front's.
+// Thread safety: all members are safe to call from any thread; close_all()
+// waits, so not from the executor's threads.
 #pragma once
 
 #include <cstddef>

@@ -45,7 +45,7 @@ enum class fault {
   absurd_shape,       // InvalidArgument: a size that overflows 64 bits
   not_a_request,      // REST: not JSON; UCX: not a ModelInferRequest; gRPC: as unknown_model
   framing,            // REST: a JSON length past the body; UCX: a wrong magic; gRPC: as above
-  oversized,          // past --max_frame_mib
+  oversized,          // past --max_request_mib
   over_budget,        // past the whole memory budget (and within the frame limit)
   over_connection,    // past one connection's share (REST and UCX)
 };
@@ -94,12 +94,12 @@ sum_case make_case(std::uint64_t tag, std::mt19937& rng, const kserve_load& load
                      c.kind == fault::over_connection)) {
     c.kind = fault::unknown_model;  // gRPC frames its own messages, and has no such share
   }
-  if (c.kind == fault::oversized && server.max_frame == 0) c.kind = fault::wrong_datatype;
-  if (c.kind == fault::over_budget && (server.budget == 0 || server.budget >= server.max_frame)) {
+  if (c.kind == fault::oversized && server.max_request == 0) c.kind = fault::wrong_datatype;
+  if (c.kind == fault::over_budget && (server.budget == 0 || server.budget >= server.max_request)) {
     c.kind = fault::contents_mismatch;
   }
   if (c.kind == fault::over_connection &&
-      (server.connection_budget == 0 || server.connection_budget >= server.max_frame ||
+      (server.connection_budget == 0 || server.connection_budget >= server.max_request ||
        (server.budget != 0 && server.connection_budget >= server.budget))) {
     c.kind = fault::unknown_input;
   }
@@ -136,7 +136,7 @@ sum_case make_case(std::uint64_t tag, std::mt19937& rng, const kserve_load& load
       break;
     case fault::framing: c.word = over == front::rest ? "past the body" : "magic"; break;
     case fault::oversized:
-      c.filler = std::size_t{server.max_frame} + 1;
+      c.filler = std::size_t{server.max_request} + 1;
       // gRPC's own limit, the REST front's 413, the UCX transport's.
       c.expected =
           over == front::ucx ? absl::StatusCode::kOutOfRange : absl::StatusCode::kResourceExhausted;

@@ -35,7 +35,7 @@ struct load_stats {
 
 // The server's limits, in bytes, as the flags give them; 0 when not given.
 struct server_limits {
-  std::uint32_t max_frame = 0;
+  std::uint32_t max_request = 0;
   std::uint32_t budget = 0;
   std::uint32_t connection_budget = 0;
 };

@@ -1,20 +1,22 @@
-// dlasync_server: an inference server over TCP (tcp_front.hpp) and, where
-// dlasync has UCX, UCX active messages (ucx_front.hpp).
+// dlasync_server: an inference server that speaks the Open Inference
+// Protocol (KServe v2) over HTTP/1.1 (http_front.hpp), gRPC (grpc_front.hpp)
+// and, where dlasync has UCX, the gRPC messages as UCX active messages
+// (ucx_front.hpp).
 //
-// Each connection sends request frames (frame.hpp): a tensor's dtype, shape,
-// strides and payload. The server wraps the received payload as a DLPack
-// tensor, `co_await`s its import onto the configured device (a GPU when there
-// is one, real or simulated, else the host), sums its elements there and
-// replies with the sum. Connections are served concurrently; the requests of
-// one connection in order. A malformed frame gets an error response naming
-// the problem and the connection goes on with the next frame; only a wrong
-// magic, after which the next frame cannot be found, closes the connection.
-// Received frames are bounded by a memory budget: a request waits for room,
-// and one larger than the whole budget, or than the share one connection may
-// hold, is refused. Slow peers are cut off: each part of a frame must arrive
-// within a deadline, and a connection silent between frames is closed. The
-// server holds at most --max_connections connections and refuses the others
-// at once; an accept that fails (no descriptor left) is retried after a wait.
+// Each request names a model (kserve_models.hpp) and carries its input
+// tensors, or names shared-memory regions that hold them. The server wraps
+// the received bytes as DLPack tensors, `co_await`s their import onto the
+// configured device (a GPU when there is one, real or simulated, else the
+// host) and runs the model there. Connections are served concurrently; the
+// requests of one HTTP connection in order. A malformed request gets an error
+// naming the problem and the connection goes on, unless the request cannot
+// be told from the next. Received requests are bounded by a memory budget: a
+// request waits for room, and one larger than the whole budget, or than the
+// share one connection may hold, is refused. Slow peers are cut off: a
+// request must arrive within a deadline, and a connection silent between
+// requests is closed. The server holds at most --max_connections HTTP and UCX
+// connections and refuses the others at once; an accept that fails (no
+// descriptor left) is retried after a wait.
 //
 // SIGINT or SIGTERM stops the server, which then prints its report and the
 // runtime's counters (runtime::stats); SIGUSR1 prints those counters and
@@ -50,23 +52,20 @@
 #include "grpc_front.hpp"
 #include "http_front.hpp"
 #include "kserve_models.hpp"
-#include "request_handler.hpp"
 #include "server_stats.hpp"
 #include "shm_registry.hpp"
-#include "tcp_front.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 #include "kserve_service.hpp"
 #include "ucx_front.hpp"
 #endif
 
 ABSL_FLAG(std::string, address, "127.0.0.1", "Address to listen on.");
-ABSL_FLAG(int, port, 5555, "TCP port; 0 picks a free one (see --port_file).");
-ABSL_FLAG(std::string, port_file, "", "Write the port listened on to this file once listening.");
 ABSL_FLAG(std::string, device, "auto",
           "Where tensors are imported and summed: auto (the first GPU when there is one, else "
           "the host), cpu, or cuda:N.");
 ABSL_FLAG(int, sim_gpus, 0, "Use this many simulated GPUs instead of real ones.");
-ABSL_FLAG(int, max_frame_mib, 64, "Largest request body accepted, in MiB.");
+ABSL_FLAG(int, max_request_mib, 64,
+          "Largest request accepted (an HTTP body, a gRPC or UCX message), in MiB.");
 ABSL_FLAG(int, memory_budget_mib, 256,
           "Bytes that received requests may hold at once, in MiB (their copies on the device "
           "are bounded by the same amount).");
@@ -74,22 +73,23 @@ ABSL_FLAG(int, connection_budget_mib, 0,
           "Most of the memory budget one connection may hold, in MiB; a larger request is "
           "refused (0: a quarter of --memory_budget_mib).");
 ABSL_FLAG(int, read_timeout_ms, 5000,
-          "A frame's header, from its first byte, and its body must each arrive, and each reply "
+          "A request's head, from its first byte, and its body must each arrive, and each reply "
           "be taken, within this many milliseconds, else the connection is closed (0: no limit).");
 ABSL_FLAG(int, idle_timeout_ms, 60000,
-          "A connection that starts no frame for this many milliseconds is closed (0: no limit).");
+          "A connection that starts no request for this many milliseconds is closed (0: no "
+          "limit).");
 ABSL_FLAG(int, max_connections, 0,
-          "Connections held at once, over TCP and UCX together; more are refused at once "
+          "Connections held at once, over HTTP and UCX together; more are refused at once "
           "(0: three quarters of the descriptors left free once the server listens, from "
           "RLIMIT_NOFILE).");
 ABSL_FLAG(int, threads, 2, "Threads running the server's and dlasync's executor.");
 ABSL_FLAG(double, seconds, 0, "Stop after this many seconds (0: run until SIGINT or SIGTERM).");
 ABSL_FLAG(int, ucx_port, -1,
-          "Also serve the same requests over UCX active messages on this port (0 picks a free "
-          "one, see --ucx_port_file; -1: no UCX transport). Needs dlasync built with UCX.");
-ABSL_FLAG(int, http_port, -1,
-          "Also serve the Open Inference Protocol (KServe v2) over HTTP/1.1 on this port (0 "
-          "picks a free one, see --http_port_file; -1: no REST front).");
+          "Also serve the gRPC front's messages as UCX active messages on this port (0 picks a "
+          "free one, see --ucx_port_file; -1: no UCX transport). Needs dlasync built with UCX.");
+ABSL_FLAG(int, http_port, 8000,
+          "Serve the Open Inference Protocol (KServe v2) over HTTP/1.1 on this port (0 picks a "
+          "free one, see --http_port_file; -1: no REST front).");
 ABSL_FLAG(std::string, http_port_file, "", "Write the HTTP port to this file once listening.");
 ABSL_FLAG(int, grpc_port, -1,
           "Also serve the Open Inference Protocol's gRPC service (inference."
@@ -109,7 +109,7 @@ ABSL_FLAG(int, max_queued_requests, 16,
           "Requests one UCX connection may have waiting for room in the memory budget; more are "
           "refused with ResourceExhausted.");
 ABSL_FLAG(int, max_queued_kib, 256,
-          "Bytes (headers and eagerly sent data, in KiB) that one UCX connection's requests "
+          "Bytes (eagerly sent data, in KiB) that one UCX connection's requests "
           "waiting for room may hold; more are refused with ResourceExhausted.");
 
 namespace dlasync::examples {
@@ -177,7 +177,7 @@ int run() {
   }
   server_limits limits;
   limits.max_body = static_cast<std::uint32_t>(std::min<std::uint64_t>(
-      static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_max_frame_mib))) << 20,
+      static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_max_request_mib))) << 20,
       std::numeric_limits<std::uint32_t>::max()));
   limits.budget = budget;
   limits.connection_budget =
@@ -190,12 +190,7 @@ int run() {
       std::chrono::milliseconds(std::max(0, absl::GetFlag(FLAGS_idle_timeout_ms)));
   const double rss_start = rss_mib();
   auto memory = std::make_shared<memory_budget>(limits.budget);
-  request_handler handler(rt, **compute, *target);
-  auto handle = [&handler](std::shared_ptr<std::byte[]> body, std::uint32_t length) {
-    return handler.handle(std::move(body), length);
-  };
   server_stats stats;
-  tcp_front tcp(handle, memory, limits, stats);
   kserve::model_handler models(rt, **compute, *target);
   kserve::shm_registry shm(absl::GetFlag(FLAGS_allow_client_shm));
   // Freed request buffers kept for reuse, up to half the budget again.
@@ -204,12 +199,7 @@ int run() {
       models, shm, memory, pool, limits,
       static_cast<std::size_t>(std::max(1, absl::GetFlag(FLAGS_http_max_header_kib))) << 10, stats);
 
-  // On a strand: the accept loop and its stop touch the acceptor in turn.
-  tcp::acceptor acceptor(asio::make_strand(rt.get_executor()));
-  if (listen_on(acceptor, absl::GetFlag(FLAGS_port))) return 2;
-  const unsigned short port = acceptor.local_endpoint().port();
-  std::printf("dlasync server listening on %s:%u, computing on %s\n",
-              absl::GetFlag(FLAGS_address).c_str(), port, device_label(rt, *target).c_str());
+  std::printf("dlasync server computing on %s\n", device_label(rt, *target).c_str());
   std::fflush(stdout);
   const std::shared_ptr<connection_limit> connections =
       connection_limit::create(absl::GetFlag(FLAGS_max_connections) > 0
@@ -218,9 +208,6 @@ int run() {
   std::printf("dlasync server holds at most %zu connections at once (--max_connections)\n",
               connections->max());
   std::fflush(stdout);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_port_file)) << port << "\n";
-  }
 
   std::promise<void> stop;
   std::once_flag stopping;
@@ -259,16 +246,7 @@ int run() {
       if (!e) request_stop();
     });
   }
-  accept_loop accepting(
-      acceptor, connections, accept_backoff{},
-      [&tcp](tcp::socket socket, connection_limit::slot slot) {
-        tcp.serve_connection(std::move(socket), std::move(slot));
-      },
-      [max = connections->max()](tcp::socket& socket) {
-        tcp_front::refuse_connection(socket, max);
-      },
-      [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
-  accepting.start();
+  // On a strand: the accept loop and its stop touch the acceptor in turn.
   tcp::acceptor http_acceptor(asio::make_strand(rt.get_executor()));
   std::optional<accept_loop> http_accepting;
   if (absl::GetFlag(FLAGS_http_port) >= 0) {
@@ -376,7 +354,6 @@ int run() {
   }
 #endif
 
-  accepting.stop();
   if (http_accepting) http_accepting->stop();
   asio::post(rt.get_executor(), [&] {
     asio::error_code ignored;
@@ -384,7 +361,6 @@ int run() {
     report.cancel(ignored);
     deadline.cancel();
   });
-  tcp.close_all();
   http.close_all();
   rt.shutdown();
   const server_stats& s = stats;
@@ -403,13 +379,15 @@ int run() {
       static_cast<unsigned long long>(s.closed_late.load()),
       static_cast<unsigned long long>(s.closed_idle.load()),
       static_cast<unsigned long long>(s.refused_connection_budget.load()));
-  const accept_stats& a = accepting.stats();
+  const std::uint64_t accept_failures =
+      http_accepting ? http_accepting->stats().failures.load() : 0;
+  const std::uint64_t accept_bursts = http_accepting ? http_accepting->stats().bursts.load() : 0;
   std::printf(
       "dlasync server connections: %llu refused over --max_connections=%zu (at most %zu held at "
       "once); %llu accepts failed, in %llu bursts\n",
       static_cast<unsigned long long>(connections->refused()), connections->max(),
-      connections->peak(), static_cast<unsigned long long>(a.failures.load()),
-      static_cast<unsigned long long>(a.bursts.load()));
+      connections->peak(), static_cast<unsigned long long>(accept_failures),
+      static_cast<unsigned long long>(accept_bursts));
   // Every request's body goes back to the budget when its last user, the
   // imported tensor's DLPack deleter included, lets go of it.
   std::printf("dlasync server memory budget: %llu bytes in use at the end, of %llu\n",
@@ -429,8 +407,9 @@ int run() {
 int main(int argc, char** argv) {
   dlasync::examples::parse_flags(
       argc, argv,
-      "Serves tensor requests over TCP: imports each received tensor onto the device with "
-      "dlasync and replies with the sum of its elements.\n\n"
-      "  dlasync_server [--port=5555] [--device=auto|cpu|cuda:N] [--sim_gpus=N] ...");
+      "Serves the Open Inference Protocol (KServe v2) over HTTP/1.1, gRPC and UCX: imports each "
+      "request's tensors onto the device with dlasync and runs the model there.\n\n"
+      "  dlasync_server [--http_port=8000] [--grpc_port=8001] [--device=auto|cpu|cuda:N] "
+      "[--sim_gpus=N] ...");
   return dlasync::examples::run();
 }

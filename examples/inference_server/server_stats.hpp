@@ -46,7 +46,7 @@ struct server_stats {
 
 // What one request and one connection may take, in bytes and in time.
 struct server_limits {
-  std::uint32_t max_body = 0;                 // --max_frame_mib
+  std::uint32_t max_body = 0;                 // --max_request_mib
   std::uint64_t budget = 0;                   // --memory_budget_mib
   std::uint64_t connection_budget = 0;        // --connection_budget_mib
   std::chrono::milliseconds read_timeout{0};  // 0: none

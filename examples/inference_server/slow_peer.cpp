@@ -1,9 +1,7 @@
 #include "slow_peer.hpp"
 
 #include <array>
-#include <cstring>
 #include <optional>
-#include <span>
 #include <tuple>
 #include <variant>
 
@@ -14,7 +12,7 @@
 #include "asio/this_coro.hpp"
 #include "asio/use_awaitable.hpp"
 #include "asio/write.hpp"
-#include "frame.hpp"
+#include "http_client.hpp"
 
 namespace dlasync::examples {
 namespace {
@@ -44,27 +42,19 @@ asio::awaitable<bool> trickle(tcp::socket& socket, std::uint32_t bytes,
   co_return true;
 }
 
-// Reads until the server closes the connection; the status code of the
+// Reads until the server closes the connection; the HTTP status of the
 // first response it sent, if one came whole.
-asio::awaitable<std::optional<absl::StatusCode>> watch(tcp::socket& socket) {
-  std::vector<std::byte> received;
+asio::awaitable<std::optional<int>> watch(tcp::socket& socket) {
+  http_client client(socket);
+  absl::StatusOr<http_response> r = co_await client.receive(64 << 10);
+  // Then the close that must follow.
   std::array<std::byte, 4096> chunk;
   for (;;) {
     auto [ec, n] = co_await socket.async_read_some(asio::buffer(chunk), as_tuple_awaitable);
-    if (received.size() < std::size_t{64} * 1024)
-      received.insert(received.end(), chunk.begin(),
-                      chunk.begin() + static_cast<std::ptrdiff_t>(n));
     if (ec) break;
   }
-  if (received.size() < frame_header_bytes) co_return std::nullopt;
-  absl::StatusOr<std::uint32_t> length = read_frame_header(
-      std::span<const std::byte, frame_header_bytes>(received.data(), frame_header_bytes),
-      response_magic, 1 << 20);
-  if (!length.ok() || received.size() < frame_header_bytes + *length) co_return std::nullopt;
-  absl::StatusOr<response> r =
-      parse_response(std::span(received).subspan(frame_header_bytes, *length));
   if (!r.ok()) co_return std::nullopt;
-  co_return r->code;
+  co_return r->status;
 }
 
 }  // namespace
@@ -77,21 +67,21 @@ asio::awaitable<void> slow_peer(tcp::endpoint server, slow_peer_options options,
     note_problem(stats, absl::StrCat("slow peer cannot connect: ", ec.message()));
     co_return;
   }
-  // The header and the body's first byte at once: the server reserves room
-  // for a body once it arrives.
-  std::array<std::byte, frame_header_bytes + 1> start{};
-  std::memcpy(start.data(), &request_magic, sizeof request_magic);
-  std::memcpy(start.data() + 4, &options.announced_bytes, sizeof options.announced_bytes);
+  // The head and the body's first byte at once: the server reserves room for
+  // a body once its head has come.
+  const std::string start =
+      absl::StrCat("POST /v2/models/sum/infer HTTP/1.1\r\nHost: ", options.host,
+                   "\r\nContent-Length: ", options.announced_bytes, "\r\n\r\n{");
   auto [sent_ec, sent] =
       co_await asio::async_write(socket, asio::buffer(start), as_tuple_awaitable);
   if (sent_ec) {
-    note_problem(stats, absl::StrCat("slow peer cannot send its header: ", sent_ec.message()));
+    note_problem(stats, absl::StrCat("slow peer cannot send its head: ", sent_ec.message()));
     co_return;
   }
   stats.started.fetch_add(1);
   const auto first_byte_at = std::chrono::steady_clock::now();
   using namespace asio::experimental::awaitable_operators;
-  std::variant<bool, std::optional<absl::StatusCode>> ended =
+  std::variant<bool, std::optional<int>> ended =
       co_await (trickle(socket, options.announced_bytes - 1, options,
                         first_byte_at + options.give_up_after) ||
                 watch(socket));
@@ -103,8 +93,7 @@ asio::awaitable<void> slow_peer(tcp::endpoint server, slow_peer_options options,
     co_return;
   }
   stats.disconnected.fetch_add(1);
-  if (ended.index() == 1 && std::get<1>(ended) == absl::StatusCode::kDeadlineExceeded)
-    stats.told_deadline.fetch_add(1);
+  if (ended.index() == 1 && std::get<1>(ended) == 408) stats.told_deadline.fetch_add(1);
   std::lock_guard lock(stats.mutex);
   stats.disconnected_after_ms.push_back(ms);
 }

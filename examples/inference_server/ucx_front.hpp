@@ -7,7 +7,7 @@
 // each request as one active message with UCP_AM_SEND_FLAG_REPLY: a 16-byte
 // header (magic, tag) and the serialized request as its data, which UCX
 // carries eagerly when small and by rendezvous when large. The server checks
-// the header and the data's length (against --max_frame_mib and the budgets)
+// the header and the data's length (against --max_request_mib and the budgets)
 // before it takes any of the data: a rendezvous payload is received straight
 // into a buffer granted by the server's memory budget, once granted. The
 // message then goes to the handler, and its answer returns as an active

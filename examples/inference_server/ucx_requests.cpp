@@ -61,9 +61,10 @@ ucs_status_t ucx_front::state::on_request(void* arg, const void* header, std::si
                       absl::Hex(ucx_request_magic), " (\"KV2Q\") and its reserved word 0")));
   }
   if (length > self->opts.max_body) {
-    return refuse(h->tag, absl::OutOfRangeError(absl::StrCat(
-                              "a request message of ", length, " bytes exceeds the limit of ",
-                              self->opts.max_body, " bytes (--max_frame_mib): send less at once")));
+    return refuse(h->tag,
+                  absl::OutOfRangeError(absl::StrCat(
+                      "a request message of ", length, " bytes exceeds the limit of ",
+                      self->opts.max_body, " bytes (--max_request_mib): send less at once")));
   }
   const auto total = static_cast<std::uint32_t>(length);
   if (total <= self->budget->limit() && total > self->opts.connection_budget) {

@@ -3,7 +3,7 @@ by Triton's client library and, for messages no well-behaved client sends,
 by its generated stubs directly.
 
 Run by run_server_kserve.sh against a server it started: DLASYNC_GRPC is
-host:port. The server runs with --allow_client_shm and --max_frame_mib=4.
+host:port. The server runs with --allow_client_shm and --max_request_mib=4.
 Skipped where the Python given has no tritonclient.grpc, unless
 DLASYNC_REQUIRE_TRITONCLIENT=1.
 """

@@ -3,7 +3,7 @@ driven by raw sockets and by Triton's client library.
 
 Run by run_server_kserve.sh against a server it started: DLASYNC_HTTP is
 host:port. The server runs with --read_timeout_ms=1500,
---http_max_header_kib=8 and --max_frame_mib=4.
+--http_max_header_kib=8 and --max_request_mib=4.
 """
 
 import json

@@ -26,7 +26,8 @@ on_exit() {
 # Starts the server with 128 descriptors.
 start_server() {
   rm -f "$dir/port" "$dir/ucx_port"
-  (ulimit -n 128 && exec "$server" --port=0 --port_file="$dir/port" "$@") >"$dir/server.out" 2>&1 &
+  (ulimit -n 128 && exec "$server" --http_port=0 --http_port_file="$dir/port" "$@") \
+    >"$dir/server.out" 2>&1 &
   server_pid=$!
   wait_for_files "$dir/port"
   port=$(cat "$dir/port")
@@ -48,7 +49,7 @@ close_connections() {
 # sessions end, and give their slots back, a moment after the close).
 fresh_client_served() {
   for _ in $(seq 1 "$1"); do
-    timeout 20 "$client" --port="$port" --connections=1 --seconds=0.3 >"$dir/fresh.out" 2>&1 &&
+    timeout 20 "$client" --http_port="$port" --connections=1 --seconds=0.3 >"$dir/fresh.out" 2>&1 &&
       return 0
     sleep 0.2
   done

@@ -15,9 +15,9 @@ shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/server_test_lib.sh"
 
-"$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
+"$server" --http_port=0 --http_port_file="$dir/http_port" \
   --grpc_port=0 --grpc_port_file="$dir/grpc_port" \
-  --max_frame_mib=4 --memory_budget_mib=32 --read_timeout_ms=1500 --idle_timeout_ms=20000 \
+  --max_request_mib=4 --memory_budget_mib=32 --read_timeout_ms=1500 --idle_timeout_ms=20000 \
   --http_max_header_kib=8 --allow_client_shm "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 wait_for_files "$dir/http_port" "$dir/grpc_port"
@@ -90,7 +90,7 @@ grep -Eq '^imports: 0 in flight, 0 waiting for budget; [0-9]+ views, [0-9]+ copi
   fail "the final runtime stats are not settled: $imports"
 
 # More connections than --max_connections: the one over gets 503 at once.
-"$server" --port=0 --http_port=0 --http_port_file="$dir/http_port2" --max_connections=1 \
+"$server" --http_port=0 --http_port_file="$dir/http_port2" --max_connections=1 \
   "$@" >"$dir/server2.out" 2>&1 &
 server_pid=$!
 wait_for_files "$dir/http_port2"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts the inference server, drives it with the load client (valid and
-# malformed requests from many connections: its TCP frames, then KServe v2
-# over REST and gRPC), asks for the runtime's counters
+# malformed KServe v2 requests from many connections, over REST and gRPC),
+# asks for the runtime's counters
 # with SIGUSR1, stops it with SIGTERM, and checks both reports and exit
 # statuses.
 #   run_server_load.sh SERVER CLIENT [server flags...]
@@ -11,29 +11,25 @@ client=$2
 shift 2
 source "$(dirname "$0")/server_test_lib.sh"
 
-"$server" --port=0 --port_file="$dir/port" --http_port=0 --http_port_file="$dir/http_port" \
-  --grpc_port=0 --grpc_port_file="$dir/grpc_port" --max_frame_mib=1 --memory_budget_mib=8 "$@" \
+"$server" --http_port=0 --http_port_file="$dir/http_port" --grpc_port=0 \
+  --grpc_port_file="$dir/grpc_port" --max_request_mib=1 --memory_budget_mib=8 "$@" \
   >"$dir/server.out" 2>&1 &
 server_pid=$!
-wait_for_files "$dir/port" "$dir/http_port" "$dir/grpc_port"
-port=$(cat "$dir/port")
+wait_for_files "$dir/http_port" "$dir/grpc_port"
+ports=(--http_port="$(cat "$dir/http_port")" --grpc_port="$(cat "$dir/grpc_port")")
 
-run_load client --port="$port" --connections=16 --seconds=3 --malformed=0.3 \
-  --server_max_frame_mib=1 --max_elements=20000
+# Requests to the sum model, a share of them malformed, each refusal checked
+# for its status and words: 16 REST connections, then 8 gRPC ones.
+run_load rest --transport=rest "${ports[@]}" --connections=16 --seconds=3 --malformed=0.3 \
+  --server_max_request_mib=1 --max_elements=20000
 valid=$answered
-
-# The same server over KServe v2: requests to the sum model, with every
-# refusal checked for its status and words.
-for transport in rest grpc; do
-  run_load "$transport" --transport="$transport" --http_port="$(cat "$dir/http_port")" \
-    --grpc_port="$(cat "$dir/grpc_port")" --connections=8 --seconds=2 --malformed=0.3 \
-    --server_max_frame_mib=1 --max_elements=20000
-  valid=$((valid + answered))
-done
+run_load grpc --transport=grpc "${ports[@]}" --connections=8 --seconds=2 --malformed=0.3 \
+  --server_max_request_mib=1 --max_elements=20000
+valid=$((valid + answered))
 
 # The server is still healthy: one more short run on a fresh connection.
-"$client" --port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 \
-  || fail "the server does not serve after the malformed frames: $(cat "$dir/again.out")"
+"$client" "${ports[@]}" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 \
+  || fail "the server does not serve after the malformed requests: $(cat "$dir/again.out")"
 
 # SIGUSR1 prints the runtime's counters, and the server goes on.
 kill -USR1 "$server_pid"
@@ -53,7 +49,8 @@ cat "$dir/server.out"
 ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
 [ "${ok:-0}" -ge "$valid" ] || fail "the server answered $ok OK, the client counted $valid"
 grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"
-grep -q 'errors OUT_OF_RANGE: [1-9]' "$dir/server.out" || fail "no OutOfRange answers"
+grep -q 'errors NOT_FOUND: [1-9]' "$dir/server.out" || fail "no NotFound answers"
+grep -q 'errors RESOURCE_EXHAUSTED: [1-9]' "$dir/server.out" || fail "no ResourceExhausted answers"
 # Its counters at the end: once at SIGUSR1, once at exit, with nothing left
 # in flight and every valid request imported.
 [ "$(grep -c '^dlasync runtime stats:$' "$dir/server.out")" -eq 2 ] ||

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Starts the inference server with small budgets and short deadlines, opens
 # slow peers against it and drives it with the load client meanwhile:
-#   - 6 load-client peers that announce a 1 MiB body and send it a byte every
-#     100 ms (four of them hold the whole 4 MiB budget, the others wait);
-#   - on bash's /dev/tcp: a peer that sends part of a header, one that
-#     announces a body and sends none of it, and one that sends nothing.
+#   - 6 load-client peers whose HTTP requests announce a 1 MiB body and send
+#     it a byte every 100 ms (four of them hold the whole 4 MiB budget, the
+#     others wait);
+#   - on bash's /dev/tcp: a peer that sends part of a request's head, one
+#     that announces a body and sends none of it, and one that sends nothing.
 # Checks that the valid requests, on connections opened after the slow peers,
 # are all answered correctly and within a bound; that every slow peer is
 # disconnected at its deadline, and told why when it can read; and the
@@ -23,7 +24,7 @@ on_exit() {
   for pid in "${raw_pids[@]}"; do kill "$pid" 2>/dev/null; done
 }
 
-"$server" --port=0 --port_file="$dir/port" --max_frame_mib=2 --memory_budget_mib=4 \
+"$server" --http_port=0 --http_port_file="$dir/port" --max_request_mib=2 --memory_budget_mib=4 \
   --connection_budget_mib=1 --read_timeout_ms="$read_timeout_ms" \
   --idle_timeout_ms="$idle_timeout_ms" "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
@@ -43,16 +44,17 @@ raw_peer() {
   exec 3>&-
   echo $(((end - start) / 1000000)) >"$dir/$name"
 }
-raw_peer header 'DLQ' &
+raw_peer header 'POST /v2/mod' &
 raw_pids+=($!)
-raw_peer silent 'DLQ1\x00\x00\x10\x00' & # announces 1 MiB, sends none of it
+# Announces 1 MiB, sends none of it.
+raw_peer silent 'POST /v2/models/sum/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n' &
 raw_pids+=($!)
 raw_peer idle '' &
 raw_pids+=($!)
 
-run_load client --port="$port" --slow_peers="$slow_peers" --slow_body_kib=1024 \
+run_load client --http_port="$port" --slow_peers="$slow_peers" --slow_body_kib=1024 \
   --slow_interval_ms=100 --slow_seconds=8 --connections=4 --seconds=3 --malformed=0.2 \
-  --server_max_frame_mib=2 --server_connection_budget_mib=1 --max_elements=20000
+  --server_max_request_mib=2 --server_connection_budget_mib=1 --max_elements=20000
 valid=$answered
 # Valid requests wait for room behind the slow peers that came first: at most
 # about one read deadline (the first four are cut off at once, and their room
@@ -78,14 +80,14 @@ for peer in header silent idle; do
   [ "$ms" -ge $((deadline * 9 / 10)) ] && [ "$ms" -lt $((deadline + 2500)) ] ||
     fail "the $peer peer was disconnected after $ms ms, its deadline is $deadline ms"
 done
-grep -aq 'a frame header did not arrive within' "$dir/header.reply" ||
-  fail "the header peer was not told why"
-grep -aq "the request's body did not arrive within" "$dir/silent.reply" ||
-  fail "the silent peer was not told why"
+grep -aq "^HTTP/1.1 408 .*the request's head did not arrive within" <(tr -d '\r' <"$dir/header.reply" | tr '\n' ' ') ||
+  fail "the header peer was not told why: $(cat "$dir/header.reply")"
+grep -Eaq "^HTTP/1.1 408 .*the body did not (start|arrive) within" <(tr -d '\r' <"$dir/silent.reply" | tr '\n' ' ') ||
+  fail "the silent peer was not told why: $(cat "$dir/silent.reply")"
 [ ! -s "$dir/idle.reply" ] || fail "the idle peer got a reply"
 
 # The server still serves on a fresh connection.
-"$client" --port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 ||
+"$client" --http_port="$port" --connections=1 --seconds=0.5 >"$dir/again.out" 2>&1 ||
   fail "the server does not serve after the slow peers: $(cat "$dir/again.out")"
 
 kill -TERM "$server_pid"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Starts the inference server with its TCP and UCX transports, drives each
-# with the load client (valid and malformed requests from many
+# Starts the inference server with its REST front and UCX transport, drives
+# each with the load client (valid and malformed requests from many
 # connections), then sends it UCX messages that break the protocol (from a
 # peer that stays, and from one killed while it sends), stops the server
 # with SIGTERM, and checks both reports and that it stopped cleanly.
@@ -15,16 +15,16 @@ on_exit() {
   [ -n "$garbage_pid" ] && kill -9 "$garbage_pid" 2>/dev/null
 }
 
-"$server" --port=0 --port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
-  --max_frame_mib=1 --memory_budget_mib=8 "$@" >"$dir/server.out" 2>&1 &
+"$server" --http_port=0 --http_port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
+  --max_request_mib=1 --memory_budget_mib=8 "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 wait_for_files "$dir/port" "$dir/ucx_port"
 
 total_valid=0
-for transport in ucx tcp; do
-  run_load "$transport" --transport="$transport" --port="$(cat "$dir/port")" \
+for transport in ucx rest; do
+  run_load "$transport" --transport="$transport" --http_port="$(cat "$dir/port")" \
     --ucx_port="$(cat "$dir/ucx_port")" --connections=8 --seconds=2 --malformed=0.3 \
-    --server_max_frame_mib=1 --max_elements=20000
+    --server_max_request_mib=1 --max_elements=20000
   total_valid=$((total_valid + answered))
 done
 
@@ -64,4 +64,4 @@ ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
 [ "${ok:-0}" -ge "$total_valid" ] || fail "the server answered $ok OK, the clients counted $total_valid"
 grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"
 grep -q 'errors OUT_OF_RANGE: [1-9]' "$dir/server.out" || fail "no OutOfRange answers"
-echo "server OK over UCX and TCP"
+echo "server OK over UCX and REST"

@@ -2,7 +2,7 @@
 # The inference server's UCX transport against peers that hold its budget
 # (UCX over TCP, where a rendezvous body needs its sender to progress):
 #   1. read deadline: 4 peers start 1 MiB rendezvous bodies (the whole 4 MiB
-#      budget) and stop progressing; TCP and UCX clients must be answered
+#      budget) and stop progressing; REST and UCX clients must be answered
 #      meanwhile, the stalled requests answered DeadlineExceeded or their
 #      connections closed, and the server must count them;
 #   2. queue bounds: while such peers hold the budget (no deadline this
@@ -29,8 +29,8 @@ ucx=(--transport=ucx --ucx_transports=tcp)
 
 start_server() {
   rm -f "$dir/port" "$dir/ucx_port" "$dir/release"
-  "$server" --port=0 --port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
-    --ucx_transports=tcp --max_frame_mib=2 --memory_budget_mib=4 --connection_budget_mib=1 \
+  "$server" --http_port=0 --http_port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
+    --ucx_transports=tcp --max_request_mib=2 --memory_budget_mib=4 --connection_budget_mib=1 \
     --max_queued_requests=16 "$@" >"$dir/server.out" 2>&1 &
   server_pid=$!
   wait_for_files "$dir/port" "$dir/ucx_port"
@@ -93,16 +93,16 @@ echo "== 1. rendezvous bodies that stop arriving are cut off at the read deadlin
 start_server --read_timeout_ms=2000 "$@"
 stall stalled 4
 wait_for_requests "0 waiting for room, 4 bodies arriving"
-timeout 15 "$client" --port="$port" --connections=2 --seconds=1 --max_elements=20000 \
-  >"$dir/tcp.out" 2>&1 &
-tcp_pid=$!
+timeout 15 "$client" --http_port="$port" --connections=2 --seconds=1 --max_elements=20000 \
+  >"$dir/rest.out" 2>&1 &
+rest_pid=$!
 timeout 15 "$client" "${ucx[@]}" --ucx_port="$ucx_port" --connections=2 --seconds=1 \
   --max_elements=20000 >"$dir/ucx.out" 2>&1
 ucx_status=$?
-wait "$tcp_pid"
-tcp_status=$?
-grep -v '^\[' "$dir/tcp.out" "$dir/ucx.out"
-[ "$tcp_status" -eq 0 ] || fail "the TCP client behind the stalled peers exited with $tcp_status"
+wait "$rest_pid"
+rest_status=$?
+grep -v '^\[' "$dir/rest.out" "$dir/ucx.out"
+[ "$rest_status" -eq 0 ] || fail "the REST client behind the stalled peers exited with $rest_status"
 [ "$ucx_status" -eq 0 ] || fail "the UCX client behind the stalled peers exited with $ucx_status"
 release
 cat "$dir/stalled.out"
