@@ -1,13 +1,19 @@
 #include "grpc_front.hpp"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/server_posix.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "asio/co_spawn.hpp"
 #include "asio/detached.hpp"
+#include "asio/steady_timer.hpp"
 #include "common/awaitables.hpp"
 #include "grpc_service.grpc.pb.h"
 #include "kserve_grpc.hpp"
@@ -49,6 +55,52 @@ class infer_reactor final : public grpc::ServerUnaryReactor {
 
 struct grpc_front::server_holder {
   std::unique_ptr<grpc::Server> server;
+};
+
+// A connection handed to gRPC: its descriptor, what it was (device and
+// inode), and its slot.
+struct grpc_front::adopted {
+  int fd = -1;
+  dev_t device = 0;
+  ino_t inode = 0;
+  connection_limit::slot slot;
+
+  // Whether the descriptor is still this connection's socket: gRPC closes
+  // it without telling, and the number may be reused since.
+  bool open() const {
+    struct stat now {};
+    return fstat(fd, &now) == 0 && now.st_dev == device && now.st_ino == inode;
+  }
+};
+
+struct grpc_front::adoptions {
+  adoptions(const asio::any_io_executor& executor, std::chrono::milliseconds every)
+      : timer(executor), interval(every) {}
+
+  std::mutex mutex;
+  std::vector<adopted> live;
+  bool stopped = false;
+  asio::steady_timer timer;  // the sweep's, used under the mutex
+  const std::chrono::milliseconds interval;
+
+  // Gives back the slots of the connections gRPC has closed. Requires the
+  // mutex.
+  void sweep_locked() {
+    std::erase_if(live, [](const adopted& a) { return !a.open(); });
+  }
+
+  // The next sweep, after `interval`. Requires the mutex.
+  static void arm_locked(const std::shared_ptr<adoptions>& self) {
+    self->timer.expires_after(self->interval);
+    self->timer.async_wait([weak = std::weak_ptr<adoptions>(self)](const asio::error_code& ec) {
+      const std::shared_ptr<adoptions> a = weak.lock();
+      if (ec || a == nullptr) return;
+      std::lock_guard lock(a->mutex);
+      if (a->stopped) return;
+      a->sweep_locked();
+      arm_locked(a);
+    });
+  }
 };
 
 class grpc_front::service final : public inference::GRPCInferenceService::CallbackService {
@@ -204,11 +256,12 @@ absl::StatusOr<std::unique_ptr<grpc_front>> grpc_front::start(
     kserve::shm_registry& shm, std::shared_ptr<memory_budget> budget, buffer_pool& pool,
     server_stats& stats) {
   std::unique_ptr<grpc_front> front(new grpc_front());
+  front->adopted_ = std::make_shared<adoptions>(executor, o.sweep_interval);
   front->service_ =
       std::make_unique<service>(std::move(executor), models, shm, std::move(budget), pool, stats);
+  // No listening port of gRPC's own: the server's accept loop hands it the
+  // connections (adopt()).
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat(o.address, ":", o.port), grpc::InsecureServerCredentials(),
-                           &front->port_);
   builder.RegisterService(front->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message));
@@ -219,18 +272,47 @@ absl::StatusOr<std::unique_ptr<grpc_front>> grpc_front::start(
   }
   front->server_ = std::make_unique<server_holder>();
   front->server_->server = builder.BuildAndStart();
-  if (!front->server_->server || front->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve gRPC on ", o.address, ":", o.port, " (in use?)"));
-  }
+  if (!front->server_->server) return absl::UnavailableError("gRPC's server did not start");
+  std::lock_guard lock(front->adopted_->mutex);
+  adoptions::arm_locked(front->adopted_);
   return front;
 }
 
+void grpc_front::adopt(asio::ip::tcp::socket socket, connection_limit::slot slot) {
+  asio::error_code ec;
+  socket.set_option(asio::ip::tcp::no_delay(true), ec);
+  socket.native_non_blocking(true, ec);
+  struct stat was {};
+  if (ec || fstat(socket.native_handle(), &was) != 0) return;  // closed, its slot given back
+  std::lock_guard lock(adopted_->mutex);
+  if (adopted_->stopped) return;
+  const int fd = socket.release(ec);
+  if (ec) return;
+  adopted_->live.push_back(adopted{fd, was.st_dev, was.st_ino, std::move(slot)});
+  // gRPC owns the descriptor from here on, and closes it. Under the mutex,
+  // so that stop() cannot shut the server down in between.
+  grpc::AddInsecureChannelFromFd(server_->server.get(), fd);
+}
+
+std::size_t grpc_front::connections() const {
+  std::lock_guard lock(adopted_->mutex);
+  return adopted_->live.size();
+}
+
 void grpc_front::stop() {
+  {
+    std::lock_guard lock(adopted_->mutex);
+    if (adopted_->stopped) return;
+    // The sweep stops at its next turn (at most one interval away).
+    adopted_->stopped = true;
+  }
   if (server_ && server_->server) {
     server_->server->Shutdown();
     server_->server->Wait();
   }
+  // gRPC has closed every connection: their slots go back.
+  std::lock_guard lock(adopted_->mutex);
+  adopted_->live.clear();
 }
 
 grpc_front::~grpc_front() {

@@ -18,17 +18,26 @@
 // absl::StatusCode of the error as the gRPC status code (the two share
 // their numbering) and the same messages as the REST front.
 //
+// Connections are accepted by the server's own accept loop (accept_loop.hpp),
+// so that they count against --max_connections with the HTTP and UCX ones,
+// and handed to gRPC (adopt()). gRPC tells nobody when it closes one, so a
+// sweep looks every `sweep_interval` whether each adopted descriptor still
+// is the socket it was (its device and inode), and gives the connection's
+// slot back once it is not.
+//
 // Thread safety: all members are safe from any thread; stop() waits for the
 // calls under way, so not from the executor's threads.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
-#include <string>
 
 #include "absl/status/statusor.h"
 #include "asio/any_io_executor.hpp"
+#include "asio/ip/tcp.hpp"
 #include "buffer_pool.hpp"
+#include "connection_limit.hpp"
 #include "dlasync/dlasync.hpp"
 #include "kserve_models.hpp"
 #include "server_stats.hpp"
@@ -39,14 +48,13 @@ namespace dlasync::examples {
 class grpc_front {
  public:
   struct options {
-    std::string address = "127.0.0.1";
-    int port = 0;  // 0 picks a free one
     std::uint32_t max_message = 0;
     std::uint64_t memory_quota = 0;  // gRPC's own memory; 0: gRPC's default
+    std::chrono::milliseconds sweep_interval{250};
   };
 
-  // Serves on `o.address`:`o.port` until stop(). Everything passed in
-  // outlives this object.
+  // Serves the connections adopt() hands it until stop(). Everything passed
+  // in outlives this object.
   static absl::StatusOr<std::unique_ptr<grpc_front>> start(const options& o,
                                                            asio::any_io_executor executor,
                                                            kserve::model_handler& models,
@@ -55,8 +63,13 @@ class grpc_front {
                                                            buffer_pool& pool, server_stats& stats);
   ~grpc_front();
 
-  int port() const { return port_; }
-  // Stops taking calls and waits until those under way have finished.
+  // Hands an accepted connection to gRPC, which owns it from here on; its
+  // slot is given back once gRPC has closed it.
+  void adopt(asio::ip::tcp::socket socket, connection_limit::slot slot);
+  // Adopted connections gRPC has not closed yet (as of the last sweep).
+  std::size_t connections() const;
+  // Stops taking calls, waits until those under way have finished, closes
+  // every connection and gives their slots back. Idempotent.
   void stop();
 
  private:
@@ -66,7 +79,9 @@ class grpc_front {
   std::unique_ptr<service> service_;
   struct server_holder;
   std::unique_ptr<server_holder> server_;
-  int port_ = 0;
+  struct adopted;
+  struct adoptions;
+  std::shared_ptr<adoptions> adopted_;
 };
 
 }  // namespace dlasync::examples

@@ -14,8 +14,8 @@
 // request waits for room, and one larger than the whole budget, or than the
 // share one connection may hold, is refused. Slow peers are cut off: a
 // request must arrive within a deadline, and a connection silent between
-// requests is closed. The server holds at most --max_connections HTTP and UCX
-// connections and refuses the others at once; an accept that fails (no
+// requests is closed. The server holds at most --max_connections HTTP, gRPC and
+// UCX connections and refuses the others at once; an accept that fails (no
 // descriptor left) is retried after a wait.
 //
 // SIGINT or SIGTERM stops the server, which then prints its report and the
@@ -79,7 +79,7 @@ ABSL_FLAG(int, idle_timeout_ms, 60000,
           "A connection that starts no request for this many milliseconds is closed (0: no "
           "limit).");
 ABSL_FLAG(int, max_connections, 0,
-          "Connections held at once, over HTTP and UCX together; more are refused at once "
+          "Connections held at once, over HTTP, gRPC and UCX together; more are refused at once "
           "(0: three quarters of the descriptors left free once the server listens, from "
           "RLIMIT_NOFILE).");
 ABSL_FLAG(int, threads, 2, "Threads running the server's and dlasync's executor.");
@@ -273,10 +273,10 @@ int run() {
     }
   }
   std::unique_ptr<grpc_front> grpc;
+  tcp::acceptor grpc_acceptor(asio::make_strand(rt.get_executor()));
+  std::optional<accept_loop> grpc_accepting;
   if (absl::GetFlag(FLAGS_grpc_port) >= 0) {
     grpc_front::options go;
-    go.address = absl::GetFlag(FLAGS_address);
-    go.port = absl::GetFlag(FLAGS_grpc_port);
     go.max_message = limits.max_body;
     go.memory_quota = limits.budget + limits.max_body;
     absl::StatusOr<std::unique_ptr<grpc_front>> started =
@@ -284,14 +284,29 @@ int run() {
     if (!started.ok()) {
       std::fprintf(stderr, "dlasync_server: %s\n", started.status().ToString().c_str());
       request_stop();
+    } else if (listen_on(grpc_acceptor, absl::GetFlag(FLAGS_grpc_port))) {
+      request_stop();
     } else {
       grpc = *std::move(started);
-      std::printf("dlasync server listening for gRPC (KServe v2) on %s:%d\n",
-                  absl::GetFlag(FLAGS_address).c_str(), grpc->port());
+      const unsigned short grpc_port = grpc_acceptor.local_endpoint().port();
+      std::printf("dlasync server listening for gRPC (KServe v2) on %s:%u\n",
+                  absl::GetFlag(FLAGS_address).c_str(), grpc_port);
       std::fflush(stdout);
       if (!absl::GetFlag(FLAGS_grpc_port_file).empty()) {
-        std::ofstream(absl::GetFlag(FLAGS_grpc_port_file)) << grpc->port() << "\n";
+        std::ofstream(absl::GetFlag(FLAGS_grpc_port_file)) << grpc_port << "\n";
       }
+      // gRPC's connections count against --max_connections too: accepted
+      // here, handed to gRPC; one past the limit is closed at once (gRPC has
+      // no answer to give before its own handshake).
+      grpc_accepting.emplace(
+          grpc_acceptor, connections, accept_backoff{},
+          [&grpc, &stats](tcp::socket socket, connection_limit::slot slot) {
+            stats.connections.fetch_add(1);
+            grpc->adopt(std::move(socket), std::move(slot));
+          },
+          [](tcp::socket&) {},
+          [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
+      grpc_accepting->start();
     }
   }
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
@@ -337,6 +352,7 @@ int run() {
   }
 #endif
   stop.get_future().wait();
+  if (grpc_accepting) grpc_accepting->stop();
   if (grpc) grpc->stop();  // waits for the calls under way
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
   if (ucx) {
@@ -379,9 +395,13 @@ int run() {
       static_cast<unsigned long long>(s.closed_late.load()),
       static_cast<unsigned long long>(s.closed_idle.load()),
       static_cast<unsigned long long>(s.refused_connection_budget.load()));
-  const std::uint64_t accept_failures =
-      http_accepting ? http_accepting->stats().failures.load() : 0;
-  const std::uint64_t accept_bursts = http_accepting ? http_accepting->stats().bursts.load() : 0;
+  std::uint64_t accept_failures = 0;
+  std::uint64_t accept_bursts = 0;
+  for (const std::optional<accept_loop>* loop : {&http_accepting, &grpc_accepting}) {
+    if (!loop->has_value()) continue;
+    accept_failures += (*loop)->stats().failures.load();
+    accept_bursts += (*loop)->stats().bursts.load();
+  }
   std::printf(
       "dlasync server connections: %llu refused over --max_connections=%zu (at most %zu held at "
       "once); %llu accepts failed, in %llu bursts\n",

@@ -8,7 +8,9 @@
 #      answer naming the flag, and a fresh client is served once the others
 #      close;
 #   3. (where the server has UCX) UCX connections past --max_connections are
-#      rejected too.
+#      rejected too;
+#   4. gRPC connections count too: past the limit they are closed at once,
+#      and their slots come back once gRPC has closed them.
 # Every wait is bounded.
 #   run_server_connections.sh SERVER CLIENT [server flags...]
 set -uo pipefail
@@ -136,4 +138,27 @@ else
   grep -q 'UCX transport: 2 connections, .* 2 connections refused over --max_connections' \
     "$dir/server.out" || fail "expected 2 UCX connections served and 2 refused"
 fi
+echo "== 4. gRPC connections count against --max_connections"
+start_server --max_connections=2 --grpc_port=0 --grpc_port_file="$dir/grpc_port" "$@"
+wait_for_files "$dir/grpc_port"
+grpc=(--transport=grpc --grpc_port="$(cat "$dir/grpc_port")")
+timeout 30 "$client" "${grpc[@]}" --connections=4 --seconds=0.5 >"$dir/grpc.out" 2>&1
+grep -v '^\[' "$dir/grpc.out"
+grep -q 'valid requests answered correctly: [1-9]' "$dir/grpc.out" ||
+  fail "the gRPC connections within the limit were not served"
+grep -q 'problem: gRPC request .*UNAVAILABLE' "$dir/grpc.out" ||
+  fail "no gRPC connection was turned away"
+# The slots come back once gRPC has closed the connections (a sweep looks
+# every 250 ms): a fresh client with two connections is served whole.
+served=0
+for _ in $(seq 1 20); do
+  timeout 20 "$client" "${grpc[@]}" --connections=2 --seconds=0.3 >"$dir/grpc2.out" 2>&1 &&
+    served=1 && break
+  sleep 0.2
+done
+[ "$served" = 1 ] || fail "the gRPC slots did not come back: $(cat "$dir/grpc2.out")"
+stop_server
+[[ $counters =~ :\ ([0-9]+)\ refused\ over\ --max_connections=2\ \(at\ most\ 2\ held ]] ||
+  fail "counters: $counters"
+[ "${BASH_REMATCH[1]}" -ge 2 ] || fail "expected at least 2 gRPC connections refused: $counters"
 echo "server OK"
