@@ -13,6 +13,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include "absl/strings/string_view.h"
 
@@ -28,6 +29,38 @@ absl::StatusOr<dtype> dtype_of(absl::string_view datatype);
 
 // The protocol's name for `t`; empty for a dtype it has no name for.
 std::optional<absl::string_view> datatype_of(dtype t) noexcept;
+
+// The 16-bit patterns of FP16 and BF16 elements, which have no C++
+// arithmetic type here.
+struct fp16_bits {
+  std::uint16_t bits;
+};
+struct bf16_bits {
+  std::uint16_t bits;
+};
+
+// The one place a datatype's element type is decided: calls
+// `f(std::type_identity<T>{})` with the C++ type of `type`'s elements (bool,
+// std::int8_t to std::uint64_t, float, double, fp16_bits, bf16_bits) and
+// returns what it returns, or `otherwise()` for a dtype the protocol has no
+// name for. Every T has the element's size.
+template <typename F, typename G>
+decltype(auto) visit_datatype(dtype type, F&& f, G&& otherwise) {
+  if (type == dtypes::bool8) return f(std::type_identity<bool>{});
+  if (type == dtypes::int8) return f(std::type_identity<std::int8_t>{});
+  if (type == dtypes::int16) return f(std::type_identity<std::int16_t>{});
+  if (type == dtypes::int32) return f(std::type_identity<std::int32_t>{});
+  if (type == dtypes::int64) return f(std::type_identity<std::int64_t>{});
+  if (type == dtypes::uint8) return f(std::type_identity<std::uint8_t>{});
+  if (type == dtypes::uint16) return f(std::type_identity<std::uint16_t>{});
+  if (type == dtypes::uint32) return f(std::type_identity<std::uint32_t>{});
+  if (type == dtypes::uint64) return f(std::type_identity<std::uint64_t>{});
+  if (type == dtypes::float32) return f(std::type_identity<float>{});
+  if (type == dtypes::float64) return f(std::type_identity<double>{});
+  if (type == dtypes::float16) return f(std::type_identity<fp16_bits>{});
+  if (type == dtypes::bfloat16) return f(std::type_identity<bf16_bits>{});
+  return otherwise();
+}
 
 // Elements in `shape`, and the bytes they take as `type`; empty when an
 // extent is negative or the count or size overflows 64 bits.

@@ -81,38 +81,58 @@ absl::Status put_all(const Field& values, std::byte* out, const std::string& lab
   return absl::OkStatus();
 }
 
+// The field of `c` that carries elements of type T (the protocol's
+// InferTensorContents), or null for one typed contents cannot carry (FP16,
+// BF16).
+template <typename T>
+const auto* contents_of(const inference::InferTensorContents& c) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return &c.bool_contents();
+  } else if constexpr (std::is_same_v<T, std::int64_t>) {
+    return &c.int64_contents();
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    return &c.uint64_contents();
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    return &c.int_contents();
+  } else if constexpr (std::is_integral_v<T>) {
+    return &c.uint_contents();
+  } else if constexpr (std::is_same_v<T, float>) {
+    return &c.fp32_contents();
+  } else if constexpr (std::is_same_v<T, double>) {
+    return &c.fp64_contents();
+  } else {
+    return static_cast<const google::protobuf::RepeatedField<float>*>(nullptr);
+  }
+}
+
 // The number of elements `c` holds for `type`, or -1 for a datatype typed
 // contents cannot carry.
 std::int64_t contents_count(const inference::InferTensorContents& c, dtype type) {
-  if (type == dtypes::bool8) return c.bool_contents_size();
-  if (type == dtypes::int8 || type == dtypes::int16 || type == dtypes::int32) {
-    return c.int_contents_size();
-  }
-  if (type == dtypes::int64) return c.int64_contents_size();
-  if (type == dtypes::uint8 || type == dtypes::uint16 || type == dtypes::uint32) {
-    return c.uint_contents_size();
-  }
-  if (type == dtypes::uint64) return c.uint64_contents_size();
-  if (type == dtypes::float32) return c.fp32_contents_size();
-  if (type == dtypes::float64) return c.fp64_contents_size();
-  return -1;
+  return visit_datatype(
+      type,
+      [&](auto t) -> std::int64_t {
+        const auto* field = contents_of<typename decltype(t)::type>(c);
+        return field == nullptr ? -1 : field->size();
+      },
+      [] { return std::int64_t{-1}; });
 }
 
+// The typed contents of `in` as its elements at `out` (contents_count said
+// they can be carried, and how many there are).
 absl::Status convert(const inference::InferTensorContents& c, input_tensor& in, std::byte* out) {
   const std::string label = absl::StrCat("input ", clip(in.name));
-  const dtype t = in.type;
-  const std::string& d = in.datatype;
-  if (t == dtypes::bool8) return put_all<bool>(c.bool_contents(), out, label, d);
-  if (t == dtypes::int8) return put_all<std::int8_t>(c.int_contents(), out, label, d);
-  if (t == dtypes::int16) return put_all<std::int16_t>(c.int_contents(), out, label, d);
-  if (t == dtypes::int32) return put_all<std::int32_t>(c.int_contents(), out, label, d);
-  if (t == dtypes::int64) return put_all<std::int64_t>(c.int64_contents(), out, label, d);
-  if (t == dtypes::uint8) return put_all<std::uint8_t>(c.uint_contents(), out, label, d);
-  if (t == dtypes::uint16) return put_all<std::uint16_t>(c.uint_contents(), out, label, d);
-  if (t == dtypes::uint32) return put_all<std::uint32_t>(c.uint_contents(), out, label, d);
-  if (t == dtypes::uint64) return put_all<std::uint64_t>(c.uint64_contents(), out, label, d);
-  if (t == dtypes::float32) return put_all<float>(c.fp32_contents(), out, label, d);
-  return put_all<double>(c.fp64_contents(), out, label, d);
+  return visit_datatype(
+      in.type,
+      [&](auto t) {
+        using T = typename decltype(t)::type;
+        if constexpr (std::is_arithmetic_v<T>) {
+          return put_all<T>(*contents_of<T>(c), out, label, in.datatype);
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat(label, " is ", in.datatype, ", which typed contents cannot carry"));
+        }
+      },
+      [&] { return absl::InvalidArgumentError(absl::StrCat(label, " has no datatype")); });
 }
 
 // The typed contents of `in`, in a buffer taken from `budget`.

@@ -118,39 +118,29 @@ absl::Status convert(const json& data, dtype type, absl::string_view datatype, s
     return absl::OkStatus();
   }
   const std::string where = absl::StrCat("element ", index, " of ", input);
-  absl::Status s;
-  if (type == dtypes::bool8) {
-    if (!data.is_boolean()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, " is ", clip(data.dump(), 32), ", not a BOOL"));
-    }
-    *out = std::byte{data.get<bool>() ? std::uint8_t{1} : std::uint8_t{0}};
-  } else if (type == dtypes::int8) {
-    s = put_integer<std::int8_t>(data, out, where, datatype);
-  } else if (type == dtypes::int16) {
-    s = put_integer<std::int16_t>(data, out, where, datatype);
-  } else if (type == dtypes::int32) {
-    s = put_integer<std::int32_t>(data, out, where, datatype);
-  } else if (type == dtypes::int64) {
-    s = put_integer<std::int64_t>(data, out, where, datatype);
-  } else if (type == dtypes::uint8) {
-    s = put_integer<std::uint8_t>(data, out, where, datatype);
-  } else if (type == dtypes::uint16) {
-    s = put_integer<std::uint16_t>(data, out, where, datatype);
-  } else if (type == dtypes::uint32) {
-    s = put_integer<std::uint32_t>(data, out, where, datatype);
-  } else if (type == dtypes::uint64) {
-    s = put_integer<std::uint64_t>(data, out, where, datatype);
-  } else if (type == dtypes::float32) {
-    s = put_float<float>(data, out, where, datatype);
-  } else if (type == dtypes::float64) {
-    s = put_float<double>(data, out, where, datatype);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat(input, " is ", datatype,
-                     ", which JSON data cannot carry exactly: send it as binary data "
-                     "(parameters.binary_data_size, with Inference-Header-Content-Length)"));
-  }
+  absl::Status s = visit_datatype(
+      type,
+      [&](auto t) -> absl::Status {
+        using T = typename decltype(t)::type;
+        if constexpr (std::is_same_v<T, bool>) {
+          if (!data.is_boolean()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, " is ", clip(data.dump(), 32), ", not a BOOL"));
+          }
+          *out = std::byte{data.get<bool>() ? std::uint8_t{1} : std::uint8_t{0}};
+          return absl::OkStatus();
+        } else if constexpr (std::is_integral_v<T>) {
+          return put_integer<T>(data, out, where, datatype);
+        } else if constexpr (std::is_floating_point_v<T>) {
+          return put_float<T>(data, out, where, datatype);
+        } else {
+          return absl::InvalidArgumentError(
+              absl::StrCat(input, " is ", datatype,
+                           ", which JSON data cannot carry exactly: send it as binary data "
+                           "(parameters.binary_data_size, with Inference-Header-Content-Length)"));
+        }
+      },
+      [&] { return absl::InvalidArgumentError(absl::StrCat(input, " has no datatype")); });
   if (!s.ok()) return s;
   out += type.padded_size();
   ++index;
@@ -403,22 +393,21 @@ T load(const std::byte* p) {
 }
 
 json element(dtype t, const std::byte* p) {
-  if (t == dtypes::bool8) return load<std::uint8_t>(p) != 0;
-  if (t == dtypes::int8) return load<std::int8_t>(p);
-  if (t == dtypes::int16) return load<std::int16_t>(p);
-  if (t == dtypes::int32) return load<std::int32_t>(p);
-  if (t == dtypes::int64) return load<std::int64_t>(p);
-  if (t == dtypes::uint8) return load<std::uint8_t>(p);
-  if (t == dtypes::uint16) return load<std::uint16_t>(p);
-  if (t == dtypes::uint32) return load<std::uint32_t>(p);
-  if (t == dtypes::uint64) return load<std::uint64_t>(p);
-  if (t == dtypes::float32) return load<float>(p);
-  if (t == dtypes::float64) return load<double>(p);
-  if (t == dtypes::float16) return half_to_float(load<std::uint16_t>(p));
-  if (t == dtypes::bfloat16) {
-    return std::bit_cast<float>(static_cast<std::uint32_t>(load<std::uint16_t>(p)) << 16);
-  }
-  return nullptr;
+  return visit_datatype(
+      t,
+      [&](auto type) -> json {
+        using T = typename decltype(type)::type;
+        if constexpr (std::is_same_v<T, bool>) {
+          return load<std::uint8_t>(p) != 0;
+        } else if constexpr (std::is_same_v<T, fp16_bits>) {
+          return half_to_float(load<std::uint16_t>(p));
+        } else if constexpr (std::is_same_v<T, bf16_bits>) {
+          return std::bit_cast<float>(static_cast<std::uint32_t>(load<std::uint16_t>(p)) << 16);
+        } else {
+          return load<T>(p);
+        }
+      },
+      [] { return json(nullptr); });
 }
 
 // Invalid UTF-8 (a name from a URL) is replaced, not thrown over.
