@@ -197,23 +197,35 @@ absl::StatusOr<exporter_endpoint*> remote_core::endpoint_locked(const std::strin
 
 void remote_core::on_exporter_error(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* e = static_cast<exporter_endpoint*>(arg);
-  remote_core* self = e->core;
+  e->core->endpoint_lost_locked(
+      *e,
+      absl::UnavailableError(absl::StrCat(
+          "the connection to the exporter broke; it went away or cannot be reached (UCX: ",
+          ucs_status_string(status), ")")),
+      /*from_ucx=*/true);
+}
+
+void remote_core::endpoint_lost_locked(exporter_endpoint& endpoint, absl::Status why,
+                                       bool from_ucx) {
+  exporter_endpoint* e = &endpoint;
   if (!e->failure.ok()) return;
-  e->failure = absl::UnavailableError(
-      absl::StrCat("the connection to the exporter broke; it went away or cannot be reached (UCX: ",
-                   ucs_status_string(status), ")"));
+  e->failure = std::move(why);
   std::vector<std::weak_ptr<remote_import>> users = std::move(e->users);
   e->users.clear();
   for (const std::weak_ptr<remote_import>& weak : users) {
     if (std::shared_ptr<remote_import> op = weak.lock()) op->on_endpoint_failed_locked(e->failure);
   }
-  auto it = self->endpoints_.find(e->key);
-  if (it != self->endpoints_.end() && it->second.get() == e) {
-    self->failed_endpoints_.push_back(std::move(it->second));
-    self->endpoints_.erase(it);
+  auto it = endpoints_.find(e->key);
+  if (it != endpoints_.end() && it->second.get() == e) {
+    failed_endpoints_.push_back(std::move(it->second));
+    endpoints_.erase(it);
+  }
+  if (!from_ucx) {
+    close_endpoint_locked(*e);
+    return;
   }
   // Closed outside UCX's callback.
-  asio::post(self->executor_, [weak = self->weak_from_this(), e] {
+  asio::post(executor_, [weak = weak_from_this(), e] {
     std::shared_ptr<remote_core> core = weak.lock();
     if (core == nullptr) return;
     std::lock_guard lock(core->ucx_->mutex());

@@ -105,7 +105,10 @@ struct exporter_endpoint {
   class remote_core* core = nullptr;
   std::string key;  // "address port"
   ucp_ep_h ep = nullptr;
-  absl::Status failure;  // set once UCX reported the peer lost
+  absl::Status failure;  // set once UCX reported the peer lost, or it went silent
+  // When the exporter was last heard from on this endpoint (a reply, a
+  // piece, a piece's bytes arriving), or the endpoint was made.
+  std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();
   // Whether UCX gets bytes over this endpoint with a native RMA lane (cma
   // over shared memory), rather than emulating it with active messages.
   // Known once the endpoint is wired up; asked when an import needs it.
@@ -144,6 +147,10 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::uint64_t next_request_id_locked() { return ++last_request_id_; }
   void track_locked(const std::shared_ptr<remote_import>& op);
   void untrack_locked(std::uint64_t request_id);
+  // `e` is lost (UCX said so, or the exporter went silent): its imports fail
+  // with `why`, it leaves the cache (the next import reconnects) and is
+  // closed. `from_ucx`: inside UCX's callback, where it may not be closed.
+  void endpoint_lost_locked(exporter_endpoint& e, absl::Status why, bool from_ucx);
   std::size_t imports_in_flight() const;
   // Whether UCX reads over `ep` with a native RMA lane (cma over shared
   // memory) rather than emulating RMA with active messages.

@@ -47,6 +47,7 @@ void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, s
   if (endpoint_ == nullptr || from != endpoint_->ep || rma_ || !hold_requested_ || finished_) {
     return;
   }
+  endpoint_->heard = std::chrono::steady_clock::now();
   if (!adopt_plan_locked(m.plan, m.count) || m.index >= m.count || piece_seen_[m.index]) {
     return fail_locked(absl::DataLossError(absl::StrCat(
         "the exporter sent piece ", m.index, " of ", m.count, " (kind ", m.plan, ") of lease ",
@@ -101,6 +102,7 @@ void remote_import::write_done_locked(ucs_status_t status) {
   if (writes_in_flight_ > 0) --writes_in_flight_;
   if (status == UCS_OK) {
     ++pieces_done_;
+    if (endpoint_ != nullptr) endpoint_->heard = std::chrono::steady_clock::now();
   } else if (failure_.ok()) {
     absl::Status why = remote_detail::ucx_error(
         status, absl::StrCat("fetching lease ", descriptor_.lease_id,

@@ -99,11 +99,7 @@ void remote_import::start(done_fn done, const remote_descriptor& d, const import
   timeout_->async_wait(
       [weak = weak_from_this(), t = core_->options().import_timeout](const asio::error_code& ec) {
         if (ec) return;
-        if (std::shared_ptr<remote_import> self = weak.lock()) {
-          self->cancel(absl::DeadlineExceededError(absl::StrCat(
-              "the remote import did not finish within remote_node_options::import_timeout (",
-              t.count(), " ms); the exporter is slow or gone")));
-        }
+        if (std::shared_ptr<remote_import> self = weak.lock()) self->timed_out(t);
       });
   // Budget free now, with nobody in line: taken here, and the hold asked at
   // once, without a hop through the executor (a small import's round trip
@@ -153,6 +149,11 @@ void remote_import::budget_granted_locked() {
 }
 
 void remote_import::request_hold_locked() {
+  // The imports that ended go first: a weak reference keeps an object made
+  // with make_shared allocated, so on a long-lived endpoint they would pile
+  // up, one for every import ever made through it.
+  std::erase_if(endpoint_->users,
+                [](const std::weak_ptr<remote_import>& u) { return u.expired(); });
   endpoint_->users.push_back(weak_from_this());
   hold_request m;
   m.send_bytes = rma_ ? 0 : 1;
@@ -173,6 +174,7 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   // Only the exporter asked answers, once.
   if (endpoint_ == nullptr || from != endpoint_->ep || !hold_requested_ || reply_seen_) return;
   reply_seen_ = true;
+  endpoint_->heard = std::chrono::steady_clock::now();
   if (m.code != 0) {
     std::string message(m.message, strnlen(m.message, sizeof(m.message)));
     finish_locked(with_import_error(
@@ -378,6 +380,36 @@ void remote_import::after_finalize_locked() {
   rkey_ = nullptr;
   cleanup_locked();
   keep_alive_.reset();  // the caller holds this import
+}
+
+void remote_import::timed_out(std::chrono::milliseconds t) {
+  {
+    std::lock_guard lock(core_->ucx().mutex());
+    if (finished_) return;
+    // Nothing from the exporter on this connection for the last half of the
+    // timeout, or longer: the link or the exporter is gone (UCX's TCP
+    // transport tells only when the link's own timeouts expire, minutes
+    // later). The connection is taken as lost: its imports, this one with
+    // them, fail Unavailable, and the next import from this exporter
+    // connects afresh. An exporter heard from meanwhile is slow, not gone:
+    // this import alone ends, below.
+    const auto silent = endpoint_ == nullptr ? std::chrono::steady_clock::duration::zero()
+                                             : std::chrono::steady_clock::now() - endpoint_->heard;
+    if (endpoint_ != nullptr && hold_requested_ && endpoint_->failure.ok() && silent >= t / 2) {
+      core_->endpoint_lost_locked(
+          *endpoint_,
+          absl::UnavailableError(absl::StrCat(
+              "nothing came from the exporter for ",
+              std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
+              " ms, past half of remote_node_options::import_timeout (", t.count(),
+              " ms): the connection to it is taken as lost; it went away or the link is down")),
+          /*from_ucx=*/false);
+      return;
+    }
+  }
+  cancel(absl::DeadlineExceededError(
+      absl::StrCat("the remote import did not finish within remote_node_options::import_timeout (",
+                   t.count(), " ms); the exporter is slow")));
 }
 
 void remote_import::cancel(absl::Status why) {

@@ -45,6 +45,9 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Any thread, without the lock.
   void start(done_fn done, const remote_descriptor& d, const import_options& options);
   void cancel(absl::Status why);
+  // The import timeout expired after `t`: ends this import, or, when nothing
+  // came from the exporter meanwhile, the whole connection to it.
+  void timed_out(std::chrono::milliseconds t);
 
   // Under the lock.
   std::uint64_t request_id() const noexcept { return request_id_; }

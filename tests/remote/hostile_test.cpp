@@ -305,6 +305,30 @@ TEST_CASE("a hostile exporter's answers are checked before they are used", "[rem
     REQUIRE(t.status().code() == absl::StatusCode::kUnknown);
     REQUIRE(t.status().message().size() < 400);
   }
+  SECTION("an exporter that never answers: Unavailable once silent past half the timeout") {
+    // Before: DeadlineExceeded, and the silent connection stayed cached for
+    // the next import from the exporter.
+    auto fast = std::make_unique<importer>();
+    fast->rt = testing::make_runtime(2);
+    remote_node_options o;
+    o.import_timeout = 1s;
+    fast->node = *remote_node::create(*fast->rt, o);
+    const std::uint16_t port = hostile_listens(*hostile, "silent", 4096);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<tensor> t = import_now(*fast->node, at_hostile_exporter(port, 4096));
+      const auto took = std::chrono::steady_clock::now() - start;
+      INFO(t.status().ToString());
+      REQUIRE(t.status().code() == absl::StatusCode::kUnavailable);
+      REQUIRE_THAT(
+          std::string(t.status().message()),
+          Catch::Contains("nothing came from the exporter") && Catch::Contains("taken as lost"));
+      REQUIRE(took < 10s);
+      REQUIRE(testing::eventually([&] { return testing::copy_budget(*fast->rt).in_use() == 0; }));
+      REQUIRE(fast->node->imports_in_flight() == 0);
+    }
+    fast.reset();
+  }
   SECTION("every active-message id instead of an answer") {
     const std::uint16_t port = hostile_listens(*hostile, "every_id", 4096);
     import_options o;

@@ -8,18 +8,25 @@
 //   deleted        -> "deleted <producer deleters run so far>"
 //   publications   -> "publications <n>"
 //   import <hex>   -> "started", later "imported ok" | "imported <code> <message>"
+//   import <hex> <code>:<bits>:<lanes> <layout> <shape> <seed>
+//                  -> the same, and an import's bytes are checked against the
+//                     pattern publish laid out: "imported ok verified" or
+//                     "imported mismatch at byte <b>"
 //   secret <bytes> -> "secret <address>": a buffer of 'S' bytes that is never
 //                     published (what a forged descriptor must not reach)
 //   quit           -> shuts the node down, "bye <deleted>", exits 0
 //
-// Options: --transports=<UCX_TLS list>.
+// Options: --transports=<UCX_TLS list>, --listen=<address> (the node's
+// listener; 127.0.0.1 by default), --import_timeout_ms=<ms>.
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -88,6 +95,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--transports=", 0) == 0) options.transports = a.substr(13);
+    if (a.rfind("--listen=", 0) == 0) options.listen_address = a.substr(9);
+    if (a.rfind("--import_timeout_ms=", 0) == 0) {
+      options.import_timeout = std::chrono::milliseconds(std::stol(a.substr(20)));
+    }
   }
   runtime_options ro;
   ro.worker_threads = 2;
@@ -130,18 +141,29 @@ int main(int argc, char** argv) {
     } else if (command == "publications") {
       say("publications " + std::to_string((*node)->publications()));
     } else if (command == "import") {
-      std::string hex;
-      in >> hex;
+      std::string hex, type, layout, shape;
+      unsigned seed = 0;
+      in >> hex >> type >> layout >> shape >> seed;
       absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(testing::from_hex(hex));
       if (!d.ok()) {
         say("imported " + std::to_string(static_cast<int>(d.status().code())) + " " +
             std::string(d.status().message()));
         continue;
       }
-      async_import_remote(**node, *d, {}, [](const absl::StatusOr<tensor>& t) {
-        say(t.ok() ? std::string("imported ok")
-                   : "imported " + std::to_string(static_cast<int>(t.status().code())) + " " +
-                         std::string(t.status().message()));
+      async_import_remote(**node, *d, {}, [=](const absl::StatusOr<tensor>& t) {
+        if (!t.ok()) {
+          say("imported " + std::to_string(static_cast<int>(t.status().code())) + " " +
+              std::string(t.status().message()));
+        } else if (layout.empty()) {
+          say("imported ok");
+        } else {
+          // A remote import lands compact, row-major, in host memory.
+          const std::optional<std::uint64_t> wrong = testing::first_mismatch(
+              static_cast<const unsigned char*>(t->data()), t->byte_size(), layout,
+              testing::parse_shape(shape), parse_dtype(type).padded_size(), seed);
+          say(wrong ? "imported mismatch at byte " + std::to_string(*wrong)
+                    : std::string("imported ok verified"));
+        }
       });
       say("started");
     } else if (command == "secret") {

@@ -179,8 +179,8 @@ struct remote_node_options {
   // software RMA over active messages checks no registration), so leave it
   // off unless every process that can reach the node is trusted.
   bool trusted_peers = false;
-  // How long an import may wait for its exporter (the hold, then each byte
-  // of the transfer) before it fails with DeadlineExceeded.
+  // How long a whole import may take: past it, DeadlineExceeded, or Unavailable
+  // if nothing came from its exporter since (the connection is then dropped).
   std::chrono::milliseconds import_timeout{std::chrono::seconds(60)};
   // How imports from this node move the bytes.
   remote_fetch fetch = remote_fetch::automatic;
@@ -289,8 +289,8 @@ class remote_node {
 // for an exporter device other than host memory. Then: NotFound when the
 // exporter does not know the lease (released, expired or never published),
 // FailedPrecondition when all its importers already hold it, Unavailable
-// when the exporter cannot be reached or goes away during the transfer,
-// DeadlineExceeded when it does not answer within import_timeout or the
+// when the exporter cannot be reached, goes away or is silent past
+// import_timeout, DeadlineExceeded when the import outlasts it or the
 // lease ended while the bytes moved, ResourceExhausted when the copy is
 // larger than the whole budget, Cancelled on cancellation or node shutdown.
 //
