@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -265,11 +267,20 @@ absl::StatusOr<std::unique_ptr<grpc_front>> grpc_front::start(
   builder.RegisterService(front->service_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(o.max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(o.max_message));
+  // A silent connection would hold its slot of --max_connections for good:
+  // gRPC closes one with no call for the idle time (the connections handed
+  // over skip gRPC's handshake, and its deadline).
+  if (o.idle_timeout.count() > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                               static_cast<int>(std::min<std::int64_t>(
+                                   o.idle_timeout.count(), std::numeric_limits<int>::max())));
+  }
   if (o.memory_quota > 0) {
     grpc::ResourceQuota quota("dlasync_server");
     quota.Resize(static_cast<std::size_t>(o.memory_quota));
     builder.SetResourceQuota(quota);
   }
+  front->stop_grace_ = o.stop_grace.count() > 0 ? o.stop_grace : std::chrono::milliseconds(1000);
   front->server_ = std::make_unique<server_holder>();
   front->server_->server = builder.BuildAndStart();
   if (!front->server_->server) return absl::UnavailableError("gRPC's server did not start");
@@ -307,7 +318,9 @@ void grpc_front::stop() {
     adopted_->stopped = true;
   }
   if (server_ && server_->server) {
-    server_->server->Shutdown();
+    // A call whose request never completes (a peer that stops mid-message)
+    // would hold Shutdown() for good: past the grace, it is cancelled.
+    server_->server->Shutdown(std::chrono::system_clock::now() + stop_grace_);
     server_->server->Wait();
   }
   // gRPC has closed every connection: their slots go back.

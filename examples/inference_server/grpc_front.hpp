@@ -14,7 +14,8 @@
 // its bytes are taken from the memory budget while it is handled: it waits
 // for room, as the other fronts' requests do (RESOURCE_EXHAUSTED at once
 // when larger than the whole budget). gRPC's own memory (messages received,
-// waiting or not) is bounded by a resource quota of the budget's size. Errors carry the
+// waiting or not) is bounded by a resource quota (the server gives it the
+// budget plus one request's size). Errors carry the
 // absl::StatusCode of the error as the gRPC status code (the two share
 // their numbering) and the same messages as the REST front.
 //
@@ -51,6 +52,11 @@ class grpc_front {
     std::uint32_t max_message = 0;
     std::uint64_t memory_quota = 0;  // gRPC's own memory; 0: gRPC's default
     std::chrono::milliseconds sweep_interval{250};
+    // A connection with no call for this long is closed (--idle_timeout_ms;
+    // 0: gRPC's default, none); calls still under way this long after stop()
+    // began are cancelled (--read_timeout_ms; 0: one second).
+    std::chrono::milliseconds idle_timeout{0};
+    std::chrono::milliseconds stop_grace{0};
   };
 
   // Serves the connections adopt() hands it until stop(). Everything passed
@@ -82,6 +88,7 @@ class grpc_front {
   struct adopted;
   struct adoptions;
   std::shared_ptr<adoptions> adopted_;
+  std::chrono::milliseconds stop_grace_{1000};
 };
 
 }  // namespace dlasync::examples

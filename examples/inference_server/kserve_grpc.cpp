@@ -1,6 +1,7 @@
 #include "kserve_grpc.hpp"
 
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -8,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "buffer_pool.hpp"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace dlasync::examples::kserve {
 namespace {
@@ -165,6 +168,135 @@ absl::Status take_contents(const inference::InferTensorContents& c, input_tensor
   return absl::OkStatus();
 }
 
+// parsed_bytes_bound's walk, below.
+using google::protobuf::Descriptor;
+using google::protobuf::FieldDescriptor;
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+
+constexpr int max_nesting = 16;
+
+// A message object of `d` in memory, with its place in a repeated field,
+// from its fields: a header (vtable, metadata, cached size, has-bits), then
+// a string, a repeated field's array header, a map or a pointer or scalar
+// for each. (Not protobuf's SpaceUsedLong: on a prototype with a map field
+// it reads through the map's missing storage.)
+std::uint64_t message_cost(const Descriptor& d) {
+  std::uint64_t bytes = 48 + 16;
+  for (int i = 0; i < d.field_count(); ++i) {
+    const FieldDescriptor& f = *d.field(i);
+    if (f.is_map()) {
+      bytes += 64;
+    } else if (f.is_repeated()) {
+      bytes += 24;
+    } else if (f.cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
+      bytes += 32;
+    } else {
+      bytes += 8;
+    }
+  }
+  return bytes;
+}
+
+std::uint64_t scalar_bytes(const FieldDescriptor& f) {
+  switch (f.cpp_type()) {
+    case FieldDescriptor::CPPTYPE_BOOL: return 1;
+    case FieldDescriptor::CPPTYPE_INT32:
+    case FieldDescriptor::CPPTYPE_UINT32:
+    case FieldDescriptor::CPPTYPE_FLOAT:
+    case FieldDescriptor::CPPTYPE_ENUM: return 4;
+    default: return 8;
+  }
+}
+
+// `top` is the message walked, `d` the one whose field is wrong.
+absl::Status malformed(const Descriptor& top, const Descriptor& d) {
+  return absl::InvalidArgumentError(absl::StrCat("the bytes are not a ", top.name(),
+                                                 " (grpc_service.proto): a field of ", d.name(),
+                                                 " has no valid tag, or runs past its end"));
+}
+
+absl::Status walk(const Descriptor& top, const Descriptor& d, CodedInputStream& in, int depth,
+                  std::uint64_t& total) {
+  if (depth > max_nesting) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the message nests more than ", max_nesting, " messages deep"));
+  }
+  while (in.BytesUntilLimit() > 0) {
+    const std::uint32_t tag = in.ReadTag();
+    if (tag == 0) return malformed(top, d);
+    const int number = WireFormatLite::GetTagFieldNumber(tag);
+    const FieldDescriptor* f = d.FindFieldByNumber(number);
+    if (f == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("field ", number, " is not one of ", d.full_name(),
+                       "'s (grpc_service.proto): this server takes no fields it does not know"));
+    }
+    const std::uint64_t element = f->is_repeated() ? 2 : 1;  // a growing array's slack
+    switch (WireFormatLite::GetTagWireType(tag)) {
+      case WireFormatLite::WIRETYPE_VARINT: {
+        std::uint64_t ignored = 0;
+        if (!in.ReadVarint64(&ignored)) return malformed(top, d);
+        total += element * scalar_bytes(*f);
+        break;
+      }
+      case WireFormatLite::WIRETYPE_FIXED64: {
+        std::uint64_t ignored = 0;
+        if (!in.ReadLittleEndian64(&ignored)) return malformed(top, d);
+        total += element * 8;
+        break;
+      }
+      case WireFormatLite::WIRETYPE_FIXED32: {
+        std::uint32_t ignored = 0;
+        if (!in.ReadLittleEndian32(&ignored)) return malformed(top, d);
+        total += element * 4;
+        break;
+      }
+      case WireFormatLite::WIRETYPE_LENGTH_DELIMITED: {
+        std::uint32_t length = 0;
+        if (!in.ReadVarint32(&length) ||
+            length > static_cast<std::uint32_t>(in.BytesUntilLimit())) {
+          return malformed(top, d);
+        }
+        if (f->type() == FieldDescriptor::TYPE_MESSAGE) {
+          // A map's entry is a node of the map, besides the entry itself.
+          total += element * message_cost(*f->message_type()) + (f->is_map() ? 128 : 0);
+          const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
+          if (absl::Status s = walk(top, *f->message_type(), in, depth + 1, total); !s.ok()) {
+            return s;
+          }
+          in.PopLimit(limit);
+        } else if (f->type() == FieldDescriptor::TYPE_STRING ||
+                   f->type() == FieldDescriptor::TYPE_BYTES) {
+          total += element * 32 + length;  // a string object, and its bytes once
+          if (!in.Skip(static_cast<int>(length))) return malformed(top, d);
+        } else if (f->is_packable()) {
+          // Packed scalars: as many elements as the bytes hold.
+          std::uint64_t count = length;  // varints: at most one a byte
+          if (f->type() == FieldDescriptor::TYPE_DOUBLE ||
+              f->type() == FieldDescriptor::TYPE_FIXED64 ||
+              f->type() == FieldDescriptor::TYPE_SFIXED64) {
+            count = length / 8;
+          } else if (f->type() == FieldDescriptor::TYPE_FLOAT ||
+                     f->type() == FieldDescriptor::TYPE_FIXED32 ||
+                     f->type() == FieldDescriptor::TYPE_SFIXED32) {
+            count = length / 4;
+          }
+          total += 2 * count * scalar_bytes(*f);
+          if (!in.Skip(static_cast<int>(length))) return malformed(top, d);
+        } else {
+          return malformed(top, d);
+        }
+        break;
+      }
+      default:
+        return absl::InvalidArgumentError(absl::StrCat("field ", number, " of ", d.full_name(),
+                                                       " comes as a group, which it is not"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m,
@@ -279,6 +411,17 @@ void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m)
   };
   for (const tensor_spec& s : meta.inputs) add(s, m.add_inputs());
   for (const tensor_spec& s : meta.outputs) add(s, m.add_outputs());
+}
+
+absl::StatusOr<std::uint64_t> parsed_bytes_bound(const google::protobuf::Descriptor& type,
+                                                 const void* data, std::size_t size) {
+  if (size > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat("a message of ", size, " bytes is too large"));
+  }
+  CodedInputStream in(static_cast<const std::uint8_t*>(data), static_cast<int>(size));
+  std::uint64_t total = message_cost(type);
+  if (absl::Status s = walk(type, type, in, 0, total); !s.ok()) return s;
+  return total;
 }
 
 }  // namespace dlasync::examples::kserve

@@ -7,6 +7,8 @@
 // shape and datatype take, with overflow checked, before a tensor is made.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -33,4 +35,17 @@ absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m
 void to_message(const infer_response& r, inference::ModelInferResponse& m);
 
 void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m);
+
+// How many bytes parsing the `size` bytes at `data` as a message of `type`
+// may take on the heap, at most: each message object (its prototype's
+// size), each string's bytes, each repeated element (twice, for a growing
+// array), each map entry. A message's wire size says little of it: an empty
+// submessage is 2 bytes on the wire and a hundred parsed, a small packed
+// int64 one byte and eight. Walks the wire format (protobuf's
+// CodedInputStream) against `type`'s descriptor before anything is parsed.
+//   InvalidArgument  bytes that are not such a message, a field `type` does
+//                    not have (its unknown-field set would grow without
+//                    bound too), or messages nested deeper than 16.
+absl::StatusOr<std::uint64_t> parsed_bytes_bound(const google::protobuf::Descriptor& type,
+                                                 const void* data, std::size_t size);
 }  // namespace dlasync::examples::kserve

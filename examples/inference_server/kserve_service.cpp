@@ -28,11 +28,30 @@ asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
   // The parsed message holds the bytes' room in the budget until the last
   // tensor viewing its raw contents is released.
   struct held {
-    inference::ModelInferRequest request;
+    // Destroyed in reverse: the message first, then its budget.
     std::shared_ptr<void> room;
+    std::shared_ptr<void> extra;  // the budget taken for a message of many small fields
+    inference::ModelInferRequest request;
   };
   auto message = std::make_shared<held>();
   message->room = std::move(room);
+  // What parsing will build, bounded before anything is parsed: the wire
+  // bytes' room, and as much again, cover what a message of tensors takes;
+  // past that (many tiny fields), the rest is taken from the budget now, or
+  // the request is refused.
+  const absl::StatusOr<std::uint64_t> bound =
+      parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), bytes.get(), length);
+  if (!bound.ok()) co_return bound.status();
+  if (const std::uint64_t extra = *bound > 2 * length ? *bound - 2 * length : 0; extra > 0) {
+    if (extra > budget.limit() || !budget.try_acquire(extra)) {
+      co_return absl::ResourceExhaustedError(absl::StrCat(
+          "the request's ", length, " bytes would take about ", *bound,
+          " once parsed (many small fields), and the memory budget has no room for the ", extra,
+          " more now: send tensors as raw_input_contents"));
+    }
+    message->extra =
+        std::shared_ptr<void>(nullptr, [b = &budget, extra](void*) { b->release(extra); });
+  }
   if (length > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
       !message->request.ParseFromArray(bytes.get(), static_cast<int>(length))) {
     co_return absl::InvalidArgumentError(absl::StrCat(

@@ -39,7 +39,11 @@ struct message_server {
   // them), serialized: the UCX transport's. The bytes are freed once parsed;
   // `room`, their share of the budget, stays held for the parsed message
   // until the last tensor that views it is released.
-  //   InvalidArgument  bytes that are not a ModelInferRequest;
+  //   InvalidArgument  bytes that are not a ModelInferRequest, or hold
+  //                    fields it does not have (parsed_bytes_bound);
+  //   ResourceExhausted  a message whose parsed form would take more than
+  //                    twice its bytes, with no room in the budget for the
+  //                    rest now;
   //   what answer() says.
   asio::awaitable<absl::StatusOr<std::string>> answer_serialized(std::unique_ptr<std::byte[]> bytes,
                                                                  std::size_t length,

@@ -88,7 +88,7 @@ sum_case make_case(std::uint64_t tag, std::mt19937& rng, const kserve_load& load
     c.content_bytes = c.values.size() * sizeof(float);
     return c;
   }
-  const server_limits& server = load.server;
+  const server_limits_given& server = load.server;
   c.kind = static_cast<fault>(1 + rng() % fault_kinds);
   if (grpc_front && (c.kind == fault::not_a_request || c.kind == fault::framing ||
                      c.kind == fault::over_connection)) {
@@ -376,7 +376,10 @@ void run_grpc(const kserve_load& load, load_stats& stats) {
       const grpc::Status s = stub->ModelInfer(&context, request, &response);
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-        stats.problem(absl::StrCat("gRPC request ", c.tag, ": ", s.error_message()));
+        stats.problem(
+            absl::StrCat("gRPC request ", c.tag, ": ",
+                         absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())),
+                         " ", s.error_message()));
         return;
       }
       if (c.kind == fault::none) stats.latency.add(clock::now() - start);

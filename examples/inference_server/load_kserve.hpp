@@ -34,7 +34,7 @@ struct load_stats {
 };
 
 // The server's limits, in bytes, as the flags give them; 0 when not given.
-struct server_limits {
+struct server_limits_given {
   std::uint32_t max_request = 0;
   std::uint32_t budget = 0;
   std::uint32_t connection_budget = 0;
@@ -48,7 +48,7 @@ struct kserve_load {
   int max_elements = 65536;  // the largest request, in FP32 elements
   double malformed = 0;      // the share of malformed requests
   std::uint32_t seed = 1;
-  server_limits server;
+  server_limits_given server;
   int threads = 2;  // REST: the threads that run its connections
 };
 

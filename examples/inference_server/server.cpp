@@ -65,7 +65,7 @@ ABSL_FLAG(std::string, device, "auto",
           "the host), cpu, or cuda:N.");
 ABSL_FLAG(int, sim_gpus, 0, "Use this many simulated GPUs instead of real ones.");
 ABSL_FLAG(int, max_request_mib, 64,
-          "Largest request accepted (an HTTP body, a gRPC or UCX message), in MiB.");
+          "Largest request accepted (an HTTP body, a gRPC or UCX message), in MiB (1 to 2047).");
 ABSL_FLAG(int, memory_budget_mib, 256,
           "Bytes that received requests may hold at once, in MiB (their copies on the device "
           "are bounded by the same amount).");
@@ -177,7 +177,7 @@ int run() {
   }
   server_limits limits;
   limits.max_body = static_cast<std::uint32_t>(std::min<std::uint64_t>(
-      static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_max_request_mib))) << 20,
+      static_cast<std::uint64_t>(std::clamp(absl::GetFlag(FLAGS_max_request_mib), 1, 2047)) << 20,
       std::numeric_limits<std::uint32_t>::max()));
   limits.budget = budget;
   limits.connection_budget =
@@ -279,6 +279,8 @@ int run() {
     grpc_front::options go;
     go.max_message = limits.max_body;
     go.memory_quota = limits.budget + limits.max_body;
+    go.idle_timeout = limits.idle_timeout;
+    go.stop_grace = limits.read_timeout;
     absl::StatusOr<std::unique_ptr<grpc_front>> started =
         grpc_front::start(go, rt.get_executor(), models, shm, memory, pool, stats);
     if (!started.ok()) {

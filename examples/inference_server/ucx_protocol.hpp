@@ -27,6 +27,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -42,6 +43,8 @@ inline constexpr unsigned ucx_response_am = 0x52;
 inline constexpr std::uint32_t ucx_request_magic = 0x5132564B;   // "KV2Q"
 inline constexpr std::uint32_t ucx_response_magic = 0x5232564B;  // "KV2R"
 inline constexpr std::size_t ucx_header_bytes = 16;
+// The fields are copied in the host's order, which the wire's must be.
+static_assert(std::endian::native == std::endian::little, "the UCX header is little-endian");
 
 // The 16 header bytes of either direction: a magic, a word (reserved in a
 // request, the status code in a response) and the tag.

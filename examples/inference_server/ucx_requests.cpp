@@ -67,7 +67,11 @@ ucs_status_t ucx_front::state::on_request(void* arg, const void* header, std::si
                       self->opts.max_body, " bytes (--max_request_mib): send less at once")));
   }
   const auto total = static_cast<std::uint32_t>(length);
-  if (total <= self->budget->limit() && total > self->opts.connection_budget) {
+  // Refused before its data is taken: no copy of an eager body is made.
+  if (total > self->budget->limit()) {
+    return refuse(h->tag, over_whole_budget(total, self->budget->limit()));
+  }
+  if (total > self->opts.connection_budget) {
     return refuse(h->tag, absl::ResourceExhaustedError(absl::StrCat(
                               "request of ", total, " bytes exceeds the per-connection budget of ",
                               self->opts.connection_budget,
@@ -258,7 +262,14 @@ void ucx_front::state::run_handler(const std::shared_ptr<connection>& c, std::ui
     asio::co_spawn(
         self->executor,
         [self, c, tag, body = std::move(body)]() mutable -> asio::awaitable<void> {
-          absl::StatusOr<std::string> answer = co_await self->handle(std::move(body));
+          absl::StatusOr<std::string> answer = absl::InternalError("unanswered");
+          try {
+            answer = co_await self->handle(std::move(body));
+          } catch (const std::exception& e) {
+            // Answered, and counted as ended, whatever the handler threw
+            // (out of memory in a parse): stop() waits for every handler.
+            answer = absl::InternalError(absl::StrCat("the request failed: ", e.what()));
+          }
           {
             std::lock_guard lock(self->ucx->mutex());
             self->reply_locked(*c, tag, std::move(answer));

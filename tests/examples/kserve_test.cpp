@@ -12,6 +12,7 @@
 #include "catch2/catch.hpp"
 #include "http_parse.hpp"
 #include "kserve.hpp"
+#include "kserve_grpc.hpp"
 #include "kserve_json.hpp"
 #include "kserve_models.hpp"
 #include "kserve_requests.hpp"
@@ -335,7 +336,39 @@ TEST_CASE("a serialized request is answered, its room held until its tensors are
   SECTION("bytes that are no request") {
     const std::vector<std::byte> garbage(16, std::byte{0xFF});
     require_status(answer(garbage).status(), absl::StatusCode::kInvalidArgument,
-                   {"16 bytes are not a ModelInferRequest"});
+                   {"the bytes are not a ModelInferRequest"});
+  }
+  SECTION("a message of many tiny fields: refused before it is parsed into far more memory") {
+    // 20,000 empty inputs: 40 KB on the wire, megabytes once parsed.
+    inference::ModelInferRequest m;
+    m.set_model_name("sum");
+    for (int i = 0; i < 20000; ++i) m.add_inputs();
+    const std::vector<std::byte> bytes = serialize(m);
+    const absl::StatusOr<std::uint64_t> bound =
+        parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), bytes.data(), bytes.size());
+    REQUIRE(bound.ok());
+    CHECK(*bound > 20 * bytes.size());
+    require_status(answer(bytes).status(), absl::StatusCode::kResourceExhausted,
+                   {"once parsed (many small fields)", "raw_input_contents"});
+  }
+  SECTION("a field the message does not have: refused before it is parsed") {
+    std::vector<std::byte> bytes = serialize(sum_request("x", std::vector<float>{1, 2}));
+    // Field 99, varint 1: a tag of two bytes, then the value.
+    for (const std::uint8_t b : {std::uint8_t{0x98}, std::uint8_t{0x06}, std::uint8_t{0x01}}) {
+      bytes.push_back(std::byte{b});
+    }
+    require_status(answer(bytes).status(), absl::StatusCode::kInvalidArgument,
+                   {"field 99 is not one of inference.ModelInferRequest's"});
+  }
+  SECTION("a message of tensors: its bound is about its size") {
+    const std::vector<float> values(4096, 1.0F);
+    const std::vector<std::byte> bytes = serialize(sum_request("x", values));
+    const absl::StatusOr<std::uint64_t> bound =
+        parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), bytes.data(), bytes.size());
+    REQUIRE(bound.ok());
+    CHECK(*bound >= values.size() * sizeof(float));
+    CHECK(*bound < 2 * bytes.size());
+    REQUIRE(answer(bytes).ok());
   }
   SECTION("a request the model refuses") {
     inference::ModelInferRequest m = sum_request("x", std::vector<float>{1, 2});

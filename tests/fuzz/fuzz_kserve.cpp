@@ -105,6 +105,8 @@ void fuzz_rest(const std::uint8_t* data, std::size_t size) {
 }
 
 void fuzz_grpc(const std::uint8_t* data, std::size_t size) {
+  // The bound on what parsing builds, walked before parsing, on any bytes.
+  (void)kserve::parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), data, size);
   inference::ModelInferRequest m;
   if (!m.ParseFromArray(data, static_cast<int>(size))) return;
   memory_budget budget(1 << 20);
