@@ -305,11 +305,6 @@ void grpc_front::adopt(asio::ip::tcp::socket socket, connection_limit::slot slot
   grpc::AddInsecureChannelFromFd(server_->server.get(), fd);
 }
 
-std::size_t grpc_front::connections() const {
-  std::lock_guard lock(adopted_->mutex);
-  return adopted_->live.size();
-}
-
 void grpc_front::stop() {
   {
     std::lock_guard lock(adopted_->mutex);

@@ -72,8 +72,6 @@ class grpc_front {
   // Hands an accepted connection to gRPC, which owns it from here on; its
   // slot is given back once gRPC has closed it.
   void adopt(asio::ip::tcp::socket socket, connection_limit::slot slot);
-  // Adopted connections gRPC has not closed yet (as of the last sweep).
-  std::size_t connections() const;
   // Stops taking calls, waits until those under way have finished, closes
   // every connection and gives their slots back. Idempotent.
   void stop();

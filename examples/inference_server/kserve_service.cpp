@@ -1,6 +1,5 @@
 #include "kserve_service.hpp"
 
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -52,8 +51,8 @@ asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
     message->extra =
         std::shared_ptr<void>(nullptr, [b = &budget, extra](void*) { b->release(extra); });
   }
-  if (length > static_cast<std::size_t>(std::numeric_limits<int>::max()) ||
-      !message->request.ParseFromArray(bytes.get(), static_cast<int>(length))) {
+  // (parsed_bytes_bound refused a length past int's range.)
+  if (!message->request.ParseFromArray(bytes.get(), static_cast<int>(length))) {
     co_return absl::InvalidArgumentError(absl::StrCat(
         "the request's ", length,
         " bytes are not a ModelInferRequest (grpc_service.proto, inference package): send one "

@@ -20,7 +20,6 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,7 +36,6 @@
 #include "load_kserve.hpp"
 #include "slow_peer.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
-#include "asio/executor_work_guard.hpp"
 #include "ucx_client.hpp"
 #include "ucx_hostile_peers.hpp"
 #endif
@@ -145,22 +143,11 @@ class slow_peers {
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 // The misbehaving UCX peers, in place of load; their problems into `stats`.
 void run_hostile_ucx(const kserve_load& load, load_stats& stats) {
-  asio::io_context io;
-  // The worker's progress runs on io's thread: it must not find io without
-  // work and return before the client exists.
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work(io.get_executor());
-  std::thread progress([&io] { io.run(); });
-  absl::StatusOr<std::unique_ptr<ucx_client>> client =
-      ucx_client::create(io.get_executor(), absl::GetFlag(FLAGS_ucx_transports));
-  if (!client.ok()) {
-    stats.problem(client.status().ToString());
-  } else {
-    const ucx_peer_target target{load.host, load.port};
-    for (std::string& p : run_ucx_hostile(**client, target)) stats.problem(std::move(p));
-    (*client)->stop();
-  }
-  work.reset();
-  progress.join();
+  with_ucx_client(absl::GetFlag(FLAGS_ucx_transports), 1, stats, [&](ucx_client& client) {
+    for (std::string& p : run_ucx_hostile(client, {load.host, load.port})) {
+      stats.problem(std::move(p));
+    }
+  });
 }
 #endif
 

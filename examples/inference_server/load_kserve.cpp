@@ -46,7 +46,7 @@ enum class fault {
   not_a_request,      // REST: not JSON; UCX: not a ModelInferRequest; gRPC: as unknown_model
   framing,            // REST: a JSON length past the body; UCX: a wrong magic; gRPC: as above
   oversized,          // past --max_request_mib
-  over_budget,        // past the whole memory budget (and within the frame limit)
+  over_budget,        // past the whole memory budget (and within the request limit)
   over_connection,    // past one connection's share (REST and UCX)
 };
 constexpr int fault_kinds = 10;
@@ -69,6 +69,15 @@ struct sum_case {
 };
 
 enum class front { rest, grpc, ucx };
+
+// Connection `index`'s requests: its own seeded stream, and tags that no
+// other connection's reach.
+std::mt19937 connection_rng(const kserve_load& load, int index) {
+  return std::mt19937(load.seed * 1000003u + static_cast<unsigned>(index));
+}
+std::uint64_t first_tag(int index) {
+  return static_cast<std::uint64_t>(index) << 40;
+}
 
 sum_case make_case(std::uint64_t tag, std::mt19937& rng, const kserve_load& load, front over) {
   const bool grpc_front = over == front::grpc;
@@ -167,12 +176,9 @@ inference::ModelInferRequest to_message(const sum_case& c) {
   in->set_datatype(c.datatype);
   in->clear_shape();
   for (std::int64_t e : c.shape) in->add_shape(e);
-  r.mutable_raw_input_contents(0)->resize(c.content_bytes);
-  if (c.filler > 0) {
-    // A message of `filler` bytes: the contents pad it (its errors come
-    // before the contents are looked at).
-    r.mutable_raw_input_contents(0)->resize(c.filler);
-  }
+  // Oversized kinds: a message of `filler` bytes, the contents padding it
+  // (its errors come before the contents are looked at).
+  r.mutable_raw_input_contents(0)->resize(c.filler > 0 ? c.filler : c.content_bytes);
   return r;
 }
 
@@ -236,12 +242,10 @@ rest_request to_rest(const sum_case& c, const std::string& host) {
                     {"datatype", c.datatype},
                     {"parameters", {{"binary_data_size", c.content_bytes}}}}}},
                  {"outputs", {{{"name", "SUM"}, {"parameters", {{"binary_data", true}}}}}}};
-  std::string text = header.dump();
+  const std::string text = c.kind == fault::not_a_request ? "{\"inputs\": [1, 2" : header.dump();
   std::size_t header_length = text.size();
+  if (c.kind == fault::framing) header_length += c.content_bytes + 1;  // past the body
   rest_request r;
-  if (c.kind == fault::not_a_request) text = "{\"inputs\": [1, 2";
-  if (c.kind == fault::framing) header_length = text.size() + c.content_bytes + 1;
-  if (c.kind == fault::not_a_request) header_length = text.size();
   if (c.filler > 0) {
     // Only the head: the server refuses before it reads a body, and closes.
     r.bytes = absl::StrCat("POST ", target, " HTTP/1.1\r\nHost: ", host,
@@ -280,7 +284,7 @@ absl::StatusOr<double> rest_sum(const http_response& r, const sum_case& c) {
 
 asio::awaitable<void> drive_rest(int index, const kserve_load& load, tcp::endpoint server,
                                  load_stats& stats) {
-  std::mt19937 rng(load.seed * 1000003u + static_cast<unsigned>(index));
+  std::mt19937 rng = connection_rng(load, index);
   const std::string host = absl::StrCat(load.host, ":", load.port);
   std::optional<tcp::socket> socket;
   std::optional<http_client> client;
@@ -297,7 +301,7 @@ asio::awaitable<void> drive_rest(int index, const kserve_load& load, tcp::endpoi
     stats.problem(absl::StrCat("REST connection ", index, ": cannot connect"));
     co_return;
   }
-  std::uint64_t tag = static_cast<std::uint64_t>(index) << 40;
+  std::uint64_t tag = first_tag(index);
   while (clock::now() < load.stop_at) {
     const sum_case c = make_case(++tag, rng, load, front::rest);
     const rest_request request = to_rest(c, host);
@@ -355,7 +359,7 @@ void run_rest(const kserve_load& load, load_stats& stats) {
 
 void run_grpc(const kserve_load& load, load_stats& stats) {
   auto drive = [&](int index) {
-    std::mt19937 rng(load.seed * 1000003u + static_cast<unsigned>(index));
+    std::mt19937 rng = connection_rng(load, index);
     grpc::ChannelArguments args;
     // A connection of its own for each channel.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
@@ -364,7 +368,7 @@ void run_grpc(const kserve_load& load, load_stats& stats) {
     const std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
         absl::StrCat(load.host, ":", load.port), grpc::InsecureChannelCredentials(), args);
     const auto stub = inference::GRPCInferenceService::NewStub(channel);
-    std::uint64_t tag = static_cast<std::uint64_t>(index) << 40;
+    std::uint64_t tag = first_tag(index);
     while (clock::now() < load.stop_at) {
       const sum_case c = make_case(++tag, rng, load, front::grpc);
       const inference::ModelInferRequest request = to_message(c);
@@ -397,27 +401,37 @@ void run_grpc(const kserve_load& load, load_stats& stats) {
 // ---- UCX ----
 
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
-void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_stats& stats) {
+void with_ucx_client(const std::string& transports, int threads, load_stats& stats,
+                     const std::function<void(ucx_client&)>& use) {
   asio::io_context io;
   // The worker's progress runs on io's threads: they must not find io
   // without work and return before the client exists.
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work(io.get_executor());
-  std::vector<std::thread> threads;
-  for (int i = 0; i < std::max(1, load.threads); ++i) threads.emplace_back([&io] { io.run(); });
+  std::vector<std::thread> progress;
+  for (int i = 0; i < std::max(1, threads); ++i) progress.emplace_back([&io] { io.run(); });
   absl::StatusOr<std::unique_ptr<ucx_client>> client =
-      ucx_client::create(io.get_executor(), ucx_transports);
+      ucx_client::create(io.get_executor(), transports);
   if (!client.ok()) {
     stats.problem(client.status().ToString());
   } else {
+    use(**client);
+    (*client)->stop();
+  }
+  work.reset();
+  for (std::thread& t : progress) t.join();
+}
+
+void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_stats& stats) {
+  with_ucx_client(ucx_transports, load.threads, stats, [&](ucx_client& client) {
     auto drive = [&](int index) {
-      std::mt19937 rng(load.seed * 1000003u + static_cast<unsigned>(index));
-      absl::StatusOr<int> c = (*client)->connect(load.host, load.port);
+      std::mt19937 rng = connection_rng(load, index);
+      absl::StatusOr<int> c = client.connect(load.host, load.port);
       if (!c.ok()) {
         stats.problem(absl::StrCat("UCX connection ", index, ": ", c.status().ToString()));
         return;
       }
       constexpr auto timeout = std::chrono::seconds(30);
-      std::uint64_t tag = static_cast<std::uint64_t>(index) << 40;
+      std::uint64_t tag = first_tag(index);
       while (clock::now() < load.stop_at) {
         const sum_case k = make_case(++tag, rng, load, front::ucx);
         const clock::time_point start = clock::now();
@@ -429,8 +443,8 @@ void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_st
           const std::size_t data = k.filler > 0 ? k.filler : 128;
           stats.bytes_sent.fetch_add(header.size() + data);
           const absl::Status sent =
-              (*client)->send_raw(*c, ucx_request_am, true, header, data, std::byte{0});
-          r = sent.ok() ? (*client)->receive(*c, timeout) : absl::StatusOr<ucx_answer>(sent);
+              client.send_raw(*c, ucx_request_am, true, header, data, std::byte{0});
+          r = sent.ok() ? client.receive(*c, timeout) : absl::StatusOr<ucx_answer>(sent);
         } else {
           std::vector<std::byte> message;
           if (k.kind == fault::not_a_request) {
@@ -439,7 +453,7 @@ void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_st
             message = kserve::serialize(to_message(k));
           }
           stats.bytes_sent.fetch_add(ucx_header_bytes + message.size());
-          r = (*client)->call(*c, k.tag, message, timeout);
+          r = client.call(*c, k.tag, message, timeout);
         }
         if (!r.ok()) {
           stats.problem(absl::StrCat("UCX request ", k.tag, ": ", r.status().ToString()));
@@ -459,10 +473,7 @@ void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_st
     std::vector<std::thread> connections;
     for (int i = 0; i < std::max(1, load.connections); ++i) connections.emplace_back(drive, i);
     for (std::thread& t : connections) t.join();
-    (*client)->stop();
-  }
-  work.reset();
-  for (std::thread& t : threads) t.join();
+  });
 }
 #else
 void run_ucx(const kserve_load&, const std::string&, load_stats& stats) {

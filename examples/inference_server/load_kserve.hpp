@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -59,5 +60,14 @@ struct kserve_load {
 void run_rest(const kserve_load& load, load_stats& stats);
 void run_grpc(const kserve_load& load, load_stats& stats);
 void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_stats& stats);
+
+#if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+class ucx_client;
+// Runs `use` with a UCX client whose progress runs on `threads` threads of
+// its own, then stops it; a client that cannot be made is a problem in
+// `stats`, and `use` does not run.
+void with_ucx_client(const std::string& transports, int threads, load_stats& stats,
+                     const std::function<void(ucx_client&)>& use);
+#endif
 
 }  // namespace dlasync::examples

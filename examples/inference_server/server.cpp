@@ -132,6 +132,15 @@ void print_runtime_stats(const runtime& rt) {
   std::fflush(stdout);
 }
 
+// Says that the server listens for `what` on `port`, and writes the port
+// to `port_file` when one is named (tests wait for it there).
+void announce(const char* what, unsigned port, const std::string& port_file) {
+  std::printf("dlasync server listening for %s on %s:%u\n", what,
+              absl::GetFlag(FLAGS_address).c_str(), port);
+  std::fflush(stdout);
+  if (!port_file.empty()) std::ofstream(port_file) << port << "\n";
+}
+
 // Opens `acceptor` on --address and `port`, listening.
 asio::error_code listen_on(tcp::acceptor& acceptor, int port) {
   asio::error_code ec;
@@ -246,6 +255,10 @@ int run() {
       if (!e) request_stop();
     });
   }
+  // Each accepted connection is served on a strand of its own.
+  const accept_loop::executor_fn strand_per_connection = [&rt] {
+    return asio::any_io_executor(asio::make_strand(rt.get_executor()));
+  };
   // On a strand: the accept loop and its stop touch the acceptor in turn.
   tcp::acceptor http_acceptor(asio::make_strand(rt.get_executor()));
   std::optional<accept_loop> http_accepting;
@@ -253,13 +266,8 @@ int run() {
     if (listen_on(http_acceptor, absl::GetFlag(FLAGS_http_port))) {
       request_stop();
     } else {
-      const unsigned short http_port = http_acceptor.local_endpoint().port();
-      std::printf("dlasync server listening for HTTP (KServe v2) on %s:%u\n",
-                  absl::GetFlag(FLAGS_address).c_str(), http_port);
-      std::fflush(stdout);
-      if (!absl::GetFlag(FLAGS_http_port_file).empty()) {
-        std::ofstream(absl::GetFlag(FLAGS_http_port_file)) << http_port << "\n";
-      }
+      announce("HTTP (KServe v2)", http_acceptor.local_endpoint().port(),
+               absl::GetFlag(FLAGS_http_port_file));
       http_accepting.emplace(
           http_acceptor, connections, accept_backoff{},
           [&http](tcp::socket socket, connection_limit::slot slot) {
@@ -268,7 +276,7 @@ int run() {
           [max = connections->max()](tcp::socket& socket) {
             http_front::refuse_connection(socket, max);
           },
-          [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
+          strand_per_connection);
       http_accepting->start();
     }
   }
@@ -290,13 +298,8 @@ int run() {
       request_stop();
     } else {
       grpc = *std::move(started);
-      const unsigned short grpc_port = grpc_acceptor.local_endpoint().port();
-      std::printf("dlasync server listening for gRPC (KServe v2) on %s:%u\n",
-                  absl::GetFlag(FLAGS_address).c_str(), grpc_port);
-      std::fflush(stdout);
-      if (!absl::GetFlag(FLAGS_grpc_port_file).empty()) {
-        std::ofstream(absl::GetFlag(FLAGS_grpc_port_file)) << grpc_port << "\n";
-      }
+      announce("gRPC (KServe v2)", grpc_acceptor.local_endpoint().port(),
+               absl::GetFlag(FLAGS_grpc_port_file));
       // gRPC's connections count against --max_connections too: accepted
       // here, handed to gRPC; one past the limit is closed at once (gRPC has
       // no answer to give before its own handshake).
@@ -306,8 +309,7 @@ int run() {
             stats.connections.fetch_add(1);
             grpc->adopt(std::move(socket), std::move(slot));
           },
-          [](tcp::socket&) {},
-          [&rt] { return asio::any_io_executor(asio::make_strand(rt.get_executor())); });
+          [](tcp::socket&) {}, strand_per_connection);
       grpc_accepting->start();
     }
   }
@@ -339,12 +341,7 @@ int run() {
     } else {
       ucx = *std::move(front);
       ucx_view.store(ucx.get());
-      std::printf("dlasync server listening for UCX on %s:%u\n",
-                  absl::GetFlag(FLAGS_address).c_str(), ucx->port());
-      std::fflush(stdout);
-      if (!absl::GetFlag(FLAGS_ucx_port_file).empty()) {
-        std::ofstream(absl::GetFlag(FLAGS_ucx_port_file)) << ucx->port() << "\n";
-      }
+      announce("UCX", ucx->port(), absl::GetFlag(FLAGS_ucx_port_file));
     }
   }
 #else

@@ -169,12 +169,8 @@ ucx_worker::am_message request_message(std::uint64_t tag, std::span<const std::b
                                        bool rendezvous) {
   ucx_worker::am_message m;
   m.id = ucx_request_am;
-  const auto header = ucx_request_header(tag).encode();
-  m.bytes.resize(header.size() + message.size());
-  std::memcpy(m.bytes.data(), header.data(), header.size());
-  // (memcpy takes no null pointer, which an empty span may give.)
-  if (!message.empty()) std::memcpy(m.bytes.data() + header.size(), message.data(), message.size());
-  m.header_bytes = header.size();
+  m.bytes = ucx_request_bytes(tag, message);
+  m.header_bytes = ucx_header_bytes;
   m.reply = true;
   if (rendezvous) m.carried_by = ucx_worker::am_message::protocol::rendezvous;
   return m;

@@ -33,6 +33,7 @@
 #include <cstring>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -76,6 +77,18 @@ inline ucx_header ucx_request_header(std::uint64_t tag) noexcept {
 }
 inline ucx_header ucx_response_header(std::uint64_t tag, absl::StatusCode code) noexcept {
   return {ucx_response_magic, static_cast<std::uint32_t>(code), tag};
+}
+
+// A request's bytes as one buffer: the header with `tag`, then `message`
+// (the active message's header is its first ucx_header_bytes).
+inline std::vector<std::byte> ucx_request_bytes(std::uint64_t tag,
+                                                std::span<const std::byte> message) {
+  const auto header = ucx_request_header(tag).encode();
+  std::vector<std::byte> bytes(header.size() + message.size());
+  std::memcpy(bytes.data(), header.data(), header.size());
+  // (memcpy takes no null pointer, which an empty span may give.)
+  if (!message.empty()) std::memcpy(bytes.data() + header.size(), message.data(), message.size());
+  return bytes;
 }
 
 }  // namespace dlasync::examples

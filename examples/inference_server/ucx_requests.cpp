@@ -93,7 +93,7 @@ ucs_status_t ucx_front::state::admit(const std::shared_ptr<connection>& c, std::
   // piling up copies outside the budget.
   const bool now = budget->try_acquire(total);
   const std::uint64_t held = rendezvous ? 0 : length;
-  if (!now && total <= budget->limit()) {
+  if (!now) {
     if (c->queued >= opts.max_queued_requests) {
       refused_queue.fetch_add(1);
       reply_locked(*c, tag,
@@ -172,11 +172,11 @@ void ucx_front::state::granted(const std::shared_ptr<ucx_request>& r, const absl
   }
   if (!status.ok()) {
     release_rendezvous(*r);
+    // (A request larger than the whole budget never gets here: on_request
+    // refuses it.)
     reply_locked(*r->conn, r->tag,
-                 r->length > budget->limit()
-                     ? over_whole_budget(r->length, budget->limit())
-                     : absl::Status(status.code(), absl::StrCat("request of ", r->length,
-                                                                " bytes: ", status.message())));
+                 absl::Status(status.code(), absl::StrCat("request of ", r->length,
+                                                          " bytes: ", status.message())));
     return;
   }
   // The body's room goes back to the budget when its last holder lets go.

@@ -205,32 +205,30 @@ void remote_core::on_exporter_error(void* arg, ucp_ep_h, ucs_status_t status) {
       /*from_ucx=*/true);
 }
 
-void remote_core::endpoint_lost_locked(exporter_endpoint& endpoint, absl::Status why,
-                                       bool from_ucx) {
-  exporter_endpoint* e = &endpoint;
-  if (!e->failure.ok()) return;
-  e->failure = std::move(why);
-  std::vector<std::weak_ptr<remote_import>> users = std::move(e->users);
-  e->users.clear();
+void remote_core::endpoint_lost_locked(exporter_endpoint& e, absl::Status why, bool from_ucx) {
+  if (!e.failure.ok()) return;
+  e.failure = std::move(why);
+  std::vector<std::weak_ptr<remote_import>> users = std::move(e.users);
+  e.users.clear();
   for (const std::weak_ptr<remote_import>& weak : users) {
-    if (std::shared_ptr<remote_import> op = weak.lock()) op->on_endpoint_failed_locked(e->failure);
+    if (std::shared_ptr<remote_import> op = weak.lock()) op->on_endpoint_failed_locked(e.failure);
   }
-  auto it = endpoints_.find(e->key);
-  if (it != endpoints_.end() && it->second.get() == e) {
+  auto it = endpoints_.find(e.key);
+  if (it != endpoints_.end() && it->second.get() == &e) {
     failed_endpoints_.push_back(std::move(it->second));
     endpoints_.erase(it);
   }
   if (!from_ucx) {
-    close_endpoint_locked(*e);
+    close_endpoint_locked(e);
     return;
   }
   // Closed outside UCX's callback.
-  asio::post(executor_, [weak = weak_from_this(), e] {
+  asio::post(executor_, [weak = weak_from_this(), lost = &e] {
     std::shared_ptr<remote_core> core = weak.lock();
     if (core == nullptr) return;
     std::lock_guard lock(core->ucx_->mutex());
     if (core->stopping_) return;
-    core->close_endpoint_locked(*e);
+    core->close_endpoint_locked(*lost);
   });
 }
 

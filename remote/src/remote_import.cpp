@@ -393,18 +393,19 @@ void remote_import::timed_out(std::chrono::milliseconds t) {
     // them, fail Unavailable, and the next import from this exporter
     // connects afresh. An exporter heard from meanwhile is slow, not gone:
     // this import alone ends, below.
-    const auto silent = endpoint_ == nullptr ? std::chrono::steady_clock::duration::zero()
-                                             : std::chrono::steady_clock::now() - endpoint_->heard;
-    if (endpoint_ != nullptr && hold_requested_ && endpoint_->failure.ok() && silent >= t / 2) {
-      core_->endpoint_lost_locked(
-          *endpoint_,
-          absl::UnavailableError(absl::StrCat(
-              "nothing came from the exporter for ",
-              std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
-              " ms, past half of remote_node_options::import_timeout (", t.count(),
-              " ms): the connection to it is taken as lost; it went away or the link is down")),
-          /*from_ucx=*/false);
-      return;
+    if (endpoint_ != nullptr && hold_requested_ && endpoint_->failure.ok()) {
+      const auto silent = std::chrono::steady_clock::now() - endpoint_->heard;
+      if (silent >= t / 2) {
+        core_->endpoint_lost_locked(
+            *endpoint_,
+            absl::UnavailableError(absl::StrCat(
+                "nothing came from the exporter for ",
+                std::chrono::duration_cast<std::chrono::milliseconds>(silent).count(),
+                " ms, past half of remote_node_options::import_timeout (", t.count(),
+                " ms): the connection to it is taken as lost; it went away or the link is down")),
+            /*from_ucx=*/false);
+        return;
+      }
     }
   }
   cancel(absl::DeadlineExceededError(

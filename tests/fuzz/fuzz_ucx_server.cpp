@@ -80,12 +80,7 @@ constexpr std::size_t most_data = 2 << 20;
 // FP32 ones (sum n).
 std::vector<std::byte> ones_request(std::uint64_t tag, std::uint32_t n) {
   const std::vector<float> ones(n, 1.0F);
-  const std::vector<std::byte> message =
-      kserve::serialize(kserve::sum_request(std::to_string(tag), ones));
-  const auto header = ucx_request_header(tag).encode();
-  std::vector<std::byte> bytes(header.begin(), header.end());
-  bytes.insert(bytes.end(), message.begin(), message.end());
-  return bytes;
+  return ucx_request_bytes(tag, kserve::serialize(kserve::sum_request(std::to_string(tag), ones)));
 }
 
 // The server's answer: a message that parses, answered with the sum of its
