@@ -4,7 +4,7 @@
 //
 //   dlasync_bench_remote [--transports=shm,tcp] [--sizes=65536,...]
 //                        [--reps=5] [--bytes_per_rep=268435456] [--window=4]
-//                        [--strided]
+//                        [--strided] [--bundles=1,8,64,512]
 //
 // Per transport, this program starts itself as the exporter
 // (--serve=<transports>), which publishes one buffer per size many times
@@ -18,6 +18,11 @@
 // The table gives each side's rate (its median over the repetitions) and
 // the median of the per-repetition ratios with their spread; a spread
 // wider than 25 % of the median is marked "unstable".
+//
+// --bundles: per size and bundle size k, bundles of k members of that size
+// (views of one buffer, as a pool's blocks), against ucx_perftest moving the
+// same members and against the same bytes as one tensor (k times the size),
+// interleaved; `window` bundles in flight.
 //
 // --strided: every-other-row tensors whose rows are 1 KiB to 256 KiB,
 // fetched run by run against as their span (remote_node_options::
@@ -44,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/any_invocable.h"
 #include "dlasync/dlasync.hpp"
 #include "dlasync/remote.hpp"
 
@@ -73,6 +79,19 @@ std::string unhex(std::string_view h) {
 }
 
 // ---- the exporter ----------------------------------------------------------
+
+// A publication's encoding as a line of `out`; false (and the error said)
+// when it was refused.
+template <typename Published>
+bool add_line(std::string& out, const absl::StatusOr<Published>& r) {
+  if (!r.ok()) {
+    std::cout << "error " << r.status() << std::endl;
+    return false;
+  }
+  out += hex(r->encode());
+  out += '\n';
+  return true;
+}
 
 int serve(const std::string& transports) {
   runtime_options ro;
@@ -109,13 +128,28 @@ int serve(const std::string& transports) {
         d.shape = {rows, row};
         d.strides = std::vector<std::int64_t>{stride, 1};
         managed_tensor t = make_managed_tensor(std::move(d), [memory] {});
-        absl::StatusOr<remote_descriptor> r = (*node)->publish(t);
-        if (!r.ok()) {
-          std::cout << "error " << r.status() << std::endl;
-          return 1;
+        if (!add_line(out, (*node)->publish(t))) return 1;
+      }
+      std::cout << out << std::flush;
+    } else if (command == "publish_bundle") {
+      // publish_bundle <member bytes> <members> <count>: members side by
+      // side in one buffer
+      std::int64_t bytes = 0, members = 0, count = 0;
+      in >> bytes >> members >> count;
+      auto memory = std::make_shared<std::vector<unsigned char>>(
+          static_cast<std::size_t>(bytes * members), 0x5a);
+      buffers.push_back(memory);
+      std::string out;
+      for (std::int64_t i = 0; i < count; ++i) {
+        std::vector<managed_tensor> sources;
+        for (std::int64_t k = 0; k < members; ++k) {
+          tensor_description d;
+          d.data = memory->data() + k * bytes;
+          d.dtype = dtypes::uint8;
+          d.shape = {bytes};
+          sources.push_back(make_managed_tensor(std::move(d), [memory] {}));
         }
-        out += hex(r->encode());
-        out += '\n';
+        if (!add_line(out, (*node)->publish_bundle(sources))) return 1;
       }
       std::cout << out << std::flush;
     } else if (command == "quit") {
@@ -228,8 +262,25 @@ double perftest(const std::string& transports, const std::string& test, std::uin
   return bw;
 }
 
-// Imports every descriptor with `window` in flight: bytes per second.
-double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, std::size_t window,
+void start_import(remote_node& node, const remote_descriptor& d,
+                  absl::AnyInvocable<void(const absl::Status&)> done) {
+  async_import_remote(
+      node, d, {},
+      [done = std::move(done)](const absl::StatusOr<tensor>& t) mutable { done(t.status()); });
+}
+
+void start_import(remote_node& node, const remote_bundle& b,
+                  absl::AnyInvocable<void(const absl::Status&)> done) {
+  async_import_remote_bundle(
+      node, b, {}, [done = std::move(done)](const absl::StatusOr<std::vector<tensor>>& t) mutable {
+        done(t.status());
+      });
+}
+
+// Imports every descriptor (or bundle) with `window` in flight: bytes per
+// second.
+template <typename Item>
+double import_all(remote_node& node, const std::vector<Item>& ds, std::size_t window,
                   std::uint64_t bytes_each, bool& failed) {
   std::mutex m;
   std::condition_variable cv;
@@ -241,11 +292,11 @@ double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, s
   while (done < ds.size()) {
     while (in_flight < window && next < ds.size()) {
       ++in_flight;
-      const remote_descriptor& d = ds[next++];
+      const Item& d = ds[next++];
       lock.unlock();
-      async_import_remote(node, d, {}, [&](const absl::StatusOr<tensor>& t) {
-        if (!t.ok()) {
-          std::cerr << "import failed: " << t.status() << "\n";
+      start_import(node, d, [&](const absl::Status& s) {
+        if (!s.ok()) {
+          std::cerr << "import failed: " << s << "\n";
           failed = true;
         }
         std::lock_guard g(m);
@@ -263,6 +314,21 @@ double import_all(remote_node& node, const std::vector<remote_descriptor>& ds, s
   return static_cast<double>(bytes_each) * static_cast<double>(ds.size()) / seconds;
 }
 
+// `count` encodings the exporter printed, decoded; none when it stopped.
+template <typename Published>
+std::optional<std::vector<Published>> read_published(child& exporter, std::uint64_t count) {
+  std::vector<Published> out;
+  out.reserve(count);
+  for (std::uint64_t i = 0; i < count; ++i) {
+    std::optional<std::string> l = exporter.line();
+    if (!l) return std::nullopt;
+    absl::StatusOr<Published> p = Published::decode(unhex(*l));
+    if (!p.ok()) return std::nullopt;
+    out.push_back(*std::move(p));
+  }
+  return out;
+}
+
 struct row_result {
   std::vector<double> base, ours, ratio;
 };
@@ -271,6 +337,18 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// "median [min-max]", marked unstable when the spread is wider than 25 %
+// of the median.
+std::string spread(const std::vector<double>& ratios) {
+  const double med = median(ratios);
+  const double lo = ratios.empty() ? 0 : *std::min_element(ratios.begin(), ratios.end());
+  const double hi = ratios.empty() ? 0 : *std::max_element(ratios.begin(), ratios.end());
+  char text[64];
+  std::snprintf(text, sizeof(text), "%.2f [%.2f-%.2f]%s", med, lo, hi,
+                (hi - lo) > 0.25 * med ? " unstable" : "");
+  return text;
 }
 
 std::string size_name(std::uint64_t b) {
@@ -295,6 +373,7 @@ int main(int argc, char** argv) {
   std::uint64_t bytes_per_rep = 256ull << 20;
   std::size_t window = 4;
   bool strided = false;
+  std::vector<std::uint64_t> bundles;
   remote_fetch fetch = remote_fetch::automatic;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -316,6 +395,8 @@ int main(int argc, char** argv) {
       bytes_per_rep = std::stoull(*v);
     } else if (auto v = value("--window")) {
       window = std::stoul(*v);
+    } else if (auto v = value("--bundles")) {
+      bundles = parse_list(*v);
     } else if (a == "--strided") {
       strided = true;
     } else if (auto v = value("--fetch")) {
@@ -362,27 +443,60 @@ int main(int argc, char** argv) {
         const double base = perftest(tls, test, size, n, port++);
         exporter.send("publish 1 " + std::to_string(size) + " " + std::to_string(size) + " " +
                       std::to_string(n));
-        std::vector<remote_descriptor> ds;
-        for (std::uint64_t i = 0; i < n; ++i) {
-          std::optional<std::string> l = exporter.line();
-          if (!l) return 1;
-          ds.push_back(*remote_descriptor::decode(unhex(*l)));
-        }
-        const double ours = import_all(**node, ds, window, size, failed);
+        std::optional<std::vector<remote_descriptor>> ds =
+            read_published<remote_descriptor>(exporter, n);
+        if (!ds) return 1;
+        const double ours = import_all(**node, *ds, window, size, failed);
         r.base.push_back(base);
         r.ours.push_back(ours);
         if (base > 0) r.ratio.push_back(ours / base);
       }
-      const double med = median(r.ratio);
-      const double lo = r.ratio.empty() ? 0 : *std::min_element(r.ratio.begin(), r.ratio.end());
-      const double hi = r.ratio.empty() ? 0 : *std::max_element(r.ratio.begin(), r.ratio.end());
-      char ratio[64];
-      std::snprintf(ratio, sizeof(ratio), "%.2f [%.2f-%.2f]%s", med, lo, hi,
-                    (hi - lo) > 0.25 * med ? " unstable" : "");
       std::printf("%-4s %-9s %-10s %8llu %12.2f %12.2f %24s\n", tls.c_str(),
                   size_name(size).c_str(), test.c_str(), static_cast<unsigned long long>(n),
-                  median(r.base) / 1e9, median(r.ours) / 1e9, ratio);
+                  median(r.base) / 1e9, median(r.ours) / 1e9, spread(r.ratio).c_str());
       std::fflush(stdout);
+    }
+    if (!bundles.empty()) {
+      std::printf(
+          "\nbundles (%s): k members of one size in one bundle; perftest moves the same members "
+          "(%s), one tensor the same bytes (k times the size); ratios are medians over the "
+          "repetitions\n",
+          tls.c_str(), test.c_str());
+      std::printf("%-9s %5s %8s %13s %12s %12s %16s %16s\n", "member", "k", "bundles",
+                  "perftest GB/s", "bundle GB/s", "tensor GB/s", "bundle/perftest",
+                  "bundle/tensor");
+      for (std::uint64_t size : sizes) {
+        for (std::uint64_t k : bundles) {
+          const std::uint64_t count =
+              std::clamp<std::uint64_t>(bytes_per_rep / (size * k), 2, 2000);
+          std::vector<double> base, ours, whole, vs_base, vs_whole;
+          for (int rep = 0; rep < reps; ++rep) {
+            const double b = perftest(tls, test, size, count * k, port++);
+            exporter.send("publish_bundle " + std::to_string(size) + " " + std::to_string(k) + " " +
+                          std::to_string(count));
+            std::optional<std::vector<remote_bundle>> bs =
+                read_published<remote_bundle>(exporter, count);
+            if (!bs) return 1;
+            const double o = import_all(**node, *bs, window, size * k, failed);
+            exporter.send("publish 1 " + std::to_string(size * k) + " " + std::to_string(size * k) +
+                          " " + std::to_string(count));
+            std::optional<std::vector<remote_descriptor>> ds =
+                read_published<remote_descriptor>(exporter, count);
+            if (!ds) return 1;
+            const double w = import_all(**node, *ds, window, size * k, failed);
+            base.push_back(b);
+            ours.push_back(o);
+            whole.push_back(w);
+            if (b > 0) vs_base.push_back(o / b);
+            if (w > 0) vs_whole.push_back(o / w);
+          }
+          std::printf("%-9s %5llu %8llu %13.2f %12.2f %12.2f %16s %16s\n", size_name(size).c_str(),
+                      static_cast<unsigned long long>(k), static_cast<unsigned long long>(count),
+                      median(base) / 1e9, median(ours) / 1e9, median(whole) / 1e9,
+                      spread(vs_base).c_str(), spread(vs_whole).c_str());
+          std::fflush(stdout);
+        }
+      }
     }
     if (strided) {
       std::printf(

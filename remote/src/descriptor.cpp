@@ -3,7 +3,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/limits.hpp"
@@ -12,6 +15,7 @@ namespace dlasync {
 namespace {
 
 constexpr char magic[4] = {'D', 'L', 'R', 'D'};
+constexpr char bundle_magic[4] = {'D', 'L', 'R', 'B'};
 
 class writer {
  public:
@@ -36,7 +40,11 @@ class writer {
 
 class reader {
  public:
-  explicit reader(std::string_view in) : in_(in) {}
+  reader(std::string_view in, std::size_t base, std::string what)
+      : in_(in), base_(base), what_(std::move(what)) {}
+  // What the messages name: "remote descriptor", "remote bundle, member 3".
+  void set_what(std::string what) { what_ = std::move(what); }
+  const std::string& what() const { return what_; }
   template <typename T>
   absl::Status get(T& v, const char* field) {
     if (in_.size() - pos_ < sizeof(T)) return truncated(field);
@@ -53,27 +61,148 @@ class reader {
     std::uint32_t length = 0;
     if (absl::Status s = get(length, field); !s.ok()) return s;
     if (length > remote_descriptor::max_blob_bytes) {
-      return absl::OutOfRangeError(absl::StrCat("remote descriptor: ", field, " of ", length,
-                                                " bytes at byte ", pos_ - 4, " is above the ",
-                                                remote_descriptor::max_blob_bytes, " allowed"));
+      return absl::OutOfRangeError(
+          absl::StrCat(what_, ": ", field, " of ", length, " bytes at byte ", base_ + pos_ - 4,
+                       " is above the ", remote_descriptor::max_blob_bytes, " allowed"));
     }
     if (in_.size() - pos_ < length) return truncated(field);
     b.assign(in_.data() + pos_, length);
     pos_ += length;
     return absl::OkStatus();
   }
-  std::size_t pos() const { return pos_; }
+  // Offsets in the whole encoding, magic included.
+  std::size_t pos() const { return base_ + pos_; }
   std::size_t left() const { return in_.size() - pos_; }
 
  private:
   absl::Status truncated(const char* field) const {
-    return absl::InvalidArgumentError(absl::StrCat("remote descriptor: ", field, " at byte ", pos_,
-                                                   " runs past the end (", in_.size(),
-                                                   " bytes); the descriptor was cut short"));
+    return absl::InvalidArgumentError(absl::StrCat(what_, ": ", field, " at byte ", base_ + pos_,
+                                                   " runs past the end (", base_ + in_.size(),
+                                                   " bytes); it was cut short"));
   }
   std::string_view in_;
+  std::size_t base_ = 0;
   std::size_t pos_ = 0;
+  std::string what_;
 };
+
+#define DLASYNC_GET(r, var, name)                       \
+  do {                                                  \
+    if (absl::Status s = (r).get(var, name); !s.ok()) { \
+      return s;                                         \
+    }                                                   \
+  } while (false)
+
+// The tensor's own fields, from the DLPack version to the strides: the same
+// in a descriptor and in each member of a bundle.
+void put_tensor(writer& w, const remote_descriptor& d) {
+  w.put<std::uint32_t>(d.dlpack_major);
+  w.put<std::uint32_t>(d.dlpack_minor);
+  w.put<std::int32_t>(static_cast<std::int32_t>(d.source_device.kind));
+  w.put<std::int32_t>(d.source_device.ordinal);
+  w.put<std::uint8_t>(d.type.code);
+  w.put<std::uint8_t>(d.type.bits);
+  w.put<std::uint16_t>(d.type.lanes);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(d.shape.size()));
+  w.put<std::uint64_t>(d.flags);
+  w.put<std::uint64_t>(d.byte_offset);
+  w.put<std::uint64_t>(d.data);
+  w.put<std::uint64_t>(d.region_begin);
+  w.put<std::uint64_t>(d.region_bytes);
+  for (std::int64_t e : d.shape) w.put<std::int64_t>(e);
+  for (std::size_t i = 0; i < d.shape.size(); ++i) {
+    w.put<std::int64_t>(i < d.strides.size() ? d.strides[i] : 0);
+  }
+}
+
+absl::Status get_tensor(reader& r, remote_descriptor& d) {
+  std::int32_t kind = 0;
+  std::uint32_t ndim = 0;
+  DLASYNC_GET(r, d.dlpack_major, "DLPack major version");
+  DLASYNC_GET(r, d.dlpack_minor, "DLPack minor version");
+  DLASYNC_GET(r, kind, "device type");
+  d.source_device.kind = static_cast<device_kind>(kind);
+  DLASYNC_GET(r, d.source_device.ordinal, "device id");
+  DLASYNC_GET(r, d.type.code, "dtype code");
+  DLASYNC_GET(r, d.type.bits, "dtype bits");
+  DLASYNC_GET(r, d.type.lanes, "dtype lanes");
+  DLASYNC_GET(r, ndim, "ndim");
+  if (ndim > static_cast<std::uint32_t>(max_ndim)) {
+    return absl::OutOfRangeError(
+        absl::StrCat(r.what(), ": ndim ", ndim, " is above the ", max_ndim, " dlasync imports"));
+  }
+  DLASYNC_GET(r, d.flags, "flags");
+  DLASYNC_GET(r, d.byte_offset, "byte offset");
+  DLASYNC_GET(r, d.data, "data address");
+  DLASYNC_GET(r, d.region_begin, "region address");
+  DLASYNC_GET(r, d.region_bytes, "region length");
+  d.shape.resize(ndim);
+  d.strides.resize(ndim);
+  for (std::int64_t& e : d.shape) DLASYNC_GET(r, e, "shape");
+  for (std::int64_t& e : d.strides) DLASYNC_GET(r, e, "strides");
+  return absl::OkStatus();
+}
+
+// The exporter's listener: its address's bytes (4 or 16, none when the text
+// is not numeric), then the port.
+void put_listener(writer& w, const std::string& address_text, std::uint16_t port) {
+  std::string address(sizeof(in6_addr), '\0');
+  if (inet_pton(AF_INET, address_text.c_str(), address.data()) == 1) {
+    address.resize(sizeof(in_addr));
+  } else if (inet_pton(AF_INET6, address_text.c_str(), address.data()) != 1) {
+    address.clear();
+  }
+  w.blob(address);
+  w.put<std::uint16_t>(port);
+}
+
+absl::Status get_listener(reader& r, std::string& address_text, std::uint16_t& port) {
+  std::string address;
+  if (absl::Status s = r.blob(address, "exporter address"); !s.ok()) return s;
+  if (!address.empty()) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const int family = address.size() == sizeof(in_addr)    ? AF_INET
+                       : address.size() == sizeof(in6_addr) ? AF_INET6
+                                                            : AF_UNSPEC;
+    if (family == AF_UNSPEC || inet_ntop(family, address.data(), text, sizeof(text)) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.what(), ": the exporter address holds ", address.size(),
+                       " bytes; an IPv4 address has 4, an IPv6 address 16"));
+    }
+    address_text = text;
+  }
+  return r.get(port, "exporter port");
+}
+
+// The magic, the format version and a reserved 0.
+absl::Status get_head(std::string_view bytes, const char (&magic)[4], std::uint16_t version,
+                      reader& r) {
+  if (bytes.size() < sizeof(magic) || std::memcmp(bytes.data(), magic, sizeof(magic)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(r.what(), ": ", bytes.size(), " bytes that do not start with \"",
+                     std::string(magic, sizeof(magic)), "\"; this is not a dlasync ", r.what()));
+  }
+  std::uint16_t seen = 0;
+  std::uint16_t reserved = 0;
+  DLASYNC_GET(r, seen, "format version");
+  if (seen != version) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(r.what(), ": format version ", seen, "; this dlasync reads ", version,
+                     ": exporter and importer must run compatible dlasync"));
+  }
+  DLASYNC_GET(r, reserved, "reserved");
+  if (reserved != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(r.what(), ": the reserved field at byte 6 is ", reserved, ", not 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status check_end(const reader& r) {
+  if (r.left() == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      r.what(), ": ", r.left(), " bytes after its end at byte ", r.pos(), "; it is corrupt"));
+}
 
 }  // namespace
 
@@ -85,112 +214,114 @@ std::string remote_descriptor::encode() const {
   w.put<std::uint16_t>(format_version);
   w.put<std::uint16_t>(0);
   w.put<std::uint64_t>(lease_id);
-  w.put<std::uint32_t>(dlpack_major);
-  w.put<std::uint32_t>(dlpack_minor);
-  w.put<std::int32_t>(static_cast<std::int32_t>(source_device.kind));
-  w.put<std::int32_t>(source_device.ordinal);
-  w.put<std::uint8_t>(type.code);
-  w.put<std::uint8_t>(type.bits);
-  w.put<std::uint16_t>(type.lanes);
-  w.put<std::uint32_t>(static_cast<std::uint32_t>(shape.size()));
-  w.put<std::uint64_t>(flags);
-  w.put<std::uint64_t>(byte_offset);
-  w.put<std::uint64_t>(data);
-  w.put<std::uint64_t>(region_begin);
-  w.put<std::uint64_t>(region_bytes);
-  for (std::int64_t e : shape) w.put<std::int64_t>(e);
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    w.put<std::int64_t>(i < strides.size() ? strides[i] : 0);
-  }
-  // The exporter's listener: its address's bytes (4 or 16, none when the
-  // text is not numeric), then the port.
-  std::string address(sizeof(in6_addr), '\0');
-  if (inet_pton(AF_INET, exporter_address.c_str(), address.data()) == 1) {
-    address.resize(sizeof(in_addr));
-  } else if (inet_pton(AF_INET6, exporter_address.c_str(), address.data()) != 1) {
-    address.clear();
-  }
-  w.blob(address);
-  w.put<std::uint16_t>(exporter_port);
+  put_tensor(w, *this);
+  put_listener(w, exporter_address, exporter_port);
   w.blob(rkey);
   return out;
 }
 
 absl::StatusOr<remote_descriptor> remote_descriptor::decode(std::string_view bytes) {
-  if (bytes.size() < sizeof(magic) || std::memcmp(bytes.data(), magic, sizeof(magic)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "remote descriptor: ", bytes.size(),
-        " bytes that do not start with \"DLRD\"; this is not a dlasync remote descriptor"));
-  }
-  reader r(bytes.substr(sizeof(magic)));
+  reader r(bytes.substr(std::min(bytes.size(), sizeof(magic))), sizeof(magic), "remote descriptor");
+  if (absl::Status s = get_head(bytes, magic, format_version, r); !s.ok()) return s;
   remote_descriptor d;
-  std::uint16_t version = 0;
-  std::uint16_t reserved = 0;
-  std::int32_t kind = 0;
-  std::uint32_t ndim = 0;
-#define DLASYNC_GET(var, name)                        \
-  do {                                                \
-    if (absl::Status s = r.get(var, name); !s.ok()) { \
-      return s;                                       \
-    }                                                 \
-  } while (false)
-  DLASYNC_GET(version, "format version");
-  if (version != format_version) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("remote descriptor: format version ", version, "; this dlasync reads ",
-                     format_version, ": exporter and importer must run compatible dlasync"));
-  }
-  DLASYNC_GET(reserved, "reserved");
-  if (reserved != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("remote descriptor: the reserved field at byte 6 is ", reserved, ", not 0"));
-  }
-  DLASYNC_GET(d.lease_id, "lease id");
-  DLASYNC_GET(d.dlpack_major, "DLPack major version");
-  DLASYNC_GET(d.dlpack_minor, "DLPack minor version");
-  DLASYNC_GET(kind, "device type");
-  d.source_device.kind = static_cast<device_kind>(kind);
-  DLASYNC_GET(d.source_device.ordinal, "device id");
-  DLASYNC_GET(d.type.code, "dtype code");
-  DLASYNC_GET(d.type.bits, "dtype bits");
-  DLASYNC_GET(d.type.lanes, "dtype lanes");
-  DLASYNC_GET(ndim, "ndim");
-  if (ndim > static_cast<std::uint32_t>(max_ndim)) {
-    return absl::OutOfRangeError(absl::StrCat("remote descriptor: ndim ", ndim, " is above the ",
-                                              max_ndim, " dlasync imports"));
-  }
-  DLASYNC_GET(d.flags, "flags");
-  DLASYNC_GET(d.byte_offset, "byte offset");
-  DLASYNC_GET(d.data, "data address");
-  DLASYNC_GET(d.region_begin, "region address");
-  DLASYNC_GET(d.region_bytes, "region length");
-  d.shape.resize(ndim);
-  d.strides.resize(ndim);
-  for (std::int64_t& e : d.shape) DLASYNC_GET(e, "shape");
-  for (std::int64_t& e : d.strides) DLASYNC_GET(e, "strides");
-#undef DLASYNC_GET
-  std::string address;
-  if (absl::Status s = r.blob(address, "exporter address"); !s.ok()) return s;
-  if (!address.empty()) {
-    char text[INET6_ADDRSTRLEN] = {};
-    const int family = address.size() == sizeof(in_addr)    ? AF_INET
-                       : address.size() == sizeof(in6_addr) ? AF_INET6
-                                                            : AF_UNSPEC;
-    if (family == AF_UNSPEC || inet_ntop(family, address.data(), text, sizeof(text)) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("remote descriptor: the exporter address holds ", address.size(),
-                       " bytes; an IPv4 address has 4, an IPv6 address 16"));
-    }
-    d.exporter_address = text;
-  }
-  if (absl::Status s = r.get(d.exporter_port, "exporter port"); !s.ok()) return s;
+  DLASYNC_GET(r, d.lease_id, "lease id");
+  if (absl::Status s = get_tensor(r, d); !s.ok()) return s;
+  if (absl::Status s = get_listener(r, d.exporter_address, d.exporter_port); !s.ok()) return s;
   if (absl::Status s = r.blob(d.rkey, "remote key"); !s.ok()) return s;
-  if (r.left() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("remote descriptor: ", r.left(), " bytes after its end at byte ",
-                     r.pos() + sizeof(magic), "; the descriptor is corrupt"));
-  }
+  if (absl::Status s = check_end(r); !s.ok()) return s;
   return d;
 }
+
+std::string remote_bundle::encode() const {
+  std::string out;
+  out.reserve(32 + members.size() * 160);
+  out.append(bundle_magic, sizeof(bundle_magic));
+  writer w(out);
+  w.put<std::uint16_t>(format_version);
+  w.put<std::uint16_t>(0);
+  w.put<std::uint64_t>(lease_id);
+  put_listener(w, exporter_address, exporter_port);
+  w.put<std::uint32_t>(published);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(members.size()));
+  for (const member& m : members) {
+    w.put<std::uint32_t>(m.index);
+    put_tensor(w, m.descriptor);
+  }
+  return out;
+}
+
+absl::StatusOr<remote_bundle> remote_bundle::decode(std::string_view bytes) {
+  reader r(bytes.substr(std::min(bytes.size(), sizeof(bundle_magic))), sizeof(bundle_magic),
+           "remote bundle");
+  if (absl::Status s = get_head(bytes, bundle_magic, format_version, r); !s.ok()) return s;
+  remote_bundle b;
+  std::uint32_t count = 0;
+  DLASYNC_GET(r, b.lease_id, "lease id");
+  if (absl::Status s = get_listener(r, b.exporter_address, b.exporter_port); !s.ok()) return s;
+  DLASYNC_GET(r, b.published, "published members");
+  DLASYNC_GET(r, count, "member count");
+  if (b.published > max_members || count > b.published) {
+    return absl::OutOfRangeError(absl::StrCat("remote bundle: ", count, " members of ", b.published,
+                                              " published; a bundle holds at most ", max_members,
+                                              ", and no more than were published"));
+  }
+  if (count == 0) {
+    return absl::InvalidArgumentError("remote bundle: no members; a bundle names at least one");
+  }
+  // Each member takes at least 60 bytes: no allocation beyond what the
+  // bytes can describe.
+  if (r.left() / 60 < count) {
+    return absl::InvalidArgumentError(absl::StrCat("remote bundle: ", count, " members in ",
+                                                   r.left(), " bytes; it was cut short"));
+  }
+  b.members.resize(count);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    member& m = b.members[i];
+    r.set_what(absl::StrCat("remote bundle, member ", i));
+    DLASYNC_GET(r, m.index, "index");
+    if (m.index >= b.published || (i > 0 && m.index <= b.members[i - 1].index)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote bundle, member ", i, ": index ", m.index, " after ",
+                       i > 0 ? absl::StrCat(b.members[i - 1].index) : std::string("none"), " of ",
+                       b.published, " published; indices rise and lie below the count published"));
+    }
+    if (absl::Status s = get_tensor(r, m.descriptor); !s.ok()) return s;
+    m.descriptor.lease_id = b.lease_id;
+    m.descriptor.exporter_address = b.exporter_address;
+    m.descriptor.exporter_port = b.exporter_port;
+  }
+  r.set_what("remote bundle");
+  if (absl::Status s = check_end(r); !s.ok()) return s;
+  return b;
+}
+
+absl::StatusOr<remote_bundle> remote_bundle::select(
+    const std::vector<std::size_t>& positions) const {
+  if (positions.empty()) {
+    return absl::InvalidArgumentError("remote_bundle::select: no positions; select at least one");
+  }
+  std::vector<std::size_t> sorted = positions;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] >= members.size()) {
+      return absl::OutOfRangeError(absl::StrCat("remote_bundle::select: position ", sorted[i],
+                                                " of a bundle of ", members.size(), " members"));
+    }
+    if (i > 0 && sorted[i] == sorted[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("remote_bundle::select: position ", sorted[i], " twice; name each once"));
+    }
+  }
+  remote_bundle out;
+  out.lease_id = lease_id;
+  out.exporter_address = exporter_address;
+  out.exporter_port = exporter_port;
+  out.published = published;
+  out.members.reserve(sorted.size());
+  for (std::size_t p : sorted) out.members.push_back(members[p]);
+  return out;
+}
+
+#undef DLASYNC_GET
 
 }  // namespace dlasync

@@ -1,45 +1,41 @@
-// The exporting side of a remote node: publications, their leases and
-// holds, and the pieces that carry a tensor's bytes to its importers.
-#include <algorithm>
-#include <cstring>
+// The exporting side of a remote node: publications (one tensor, or a
+// bundle's), their leases and holds, and their producers' release once
+// nothing reads their memory. exporter_send.cpp grants the holds and sends
+// the bytes.
+#include <chrono>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "asio/bind_cancellation_slot.hpp"
 #include "asio/post.hpp"
-#include "dlasync/import.hpp"
-#include "dlasync/producer.hpp"
 #include "remote/src/remote_core.hpp"
 
 namespace dlasync::detail {
 
 using remote_detail::hold_release;
-using remote_detail::hold_reply;
-using remote_detail::hold_request;
-using remote_detail::piece_plan;
 
-// Pieces up to this size are sent eagerly. Measured against UCX's choice
-// (dlasync_bench_remote, 3 alternated rounds): 64 KiB imports 1.00 to 1.15
-// times as fast over shared memory and 1.18 to 1.38 over TCP; at 256 KiB
-// and 1 MiB eager sends were slower over shared memory.
-constexpr std::uint64_t eager_piece_bytes = std::uint64_t{64} << 10;
-// A grant's bytes go eagerly, in the grant's own message.
-static_assert(remote_detail::max_bytes_with_grant <= eager_piece_bytes);
-
-absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
-                                                       remote_descriptor d,
-                                                       const publish_options& options) {
+absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
+    std::vector<published_member>& members, bool bundle, const publish_options& options) {
   if (listen_address_.empty()) {
     return absl::FailedPreconditionError(
         "this node does not listen (remote_node_options::listen_address is empty), so no "
         "importer could reach a publication; give it an address to listen on");
   }
-  // Fixed since start(): read without the lock.
-  d.exporter_address = listen_address_;
-  d.exporter_port = listen_port_;
-  absl::StatusOr<remote_detail::remote_plan> plan =
-      remote_detail::plan_remote(d, import_options{}, rt_.registry());
-  if (!plan.ok()) return plan.status();
+  std::vector<remote_detail::remote_plan> plans;
+  plans.reserve(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    remote_descriptor& d = members[i].description;
+    // Fixed since start(): read without the lock.
+    d.exporter_address = listen_address_;
+    d.exporter_port = listen_port_;
+    absl::StatusOr<remote_detail::remote_plan> plan =
+        remote_detail::plan_remote(d, import_options{}, rt_.registry());
+    if (!plan.ok()) {
+      if (!bundle) return plan.status();
+      return remote_detail::for_member(plan.status(), i, members.size());
+    }
+    plans.push_back(*std::move(plan));
+  }
 
   std::lock_guard lock(ucx_->mutex());
   if (stopping_) {
@@ -49,22 +45,22 @@ absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
   do {
     lease = remote_detail::random_u64();
   } while (lease == 0 || publications_.contains(lease) || draining_.contains(lease));
-  d.lease_id = lease;
 
   publication pub;
   pub.lease_id = lease;
   pub.importers = options.importers;
   pub.end = std::chrono::steady_clock::now() + options.lease;
-  if (options_.trusted_peers && d.region_bytes > 0) {
+  remote_descriptor& first = members.front().description;
+  if (options_.trusted_peers && !bundle && first.region_bytes > 0) {
     // Peers trusted with RMA read the region themselves, by its key.
     ucp_mem_map_params_t p{};
     p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     // NOLINTNEXTLINE(performance-no-int-to-ptr): the tensor's own memory
-    p.address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d.region_begin));
-    p.length = d.region_bytes;
+    p.address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(first.region_begin));
+    p.length = first.region_bytes;
     if (ucs_status_t s = ucp_mem_map(ucx_->context(), &p, &pub.memh); s != UCS_OK) {
       return remote_detail::ucx_error(
-          s, absl::StrCat("UCX could not register the tensor's ", d.region_bytes, " bytes"));
+          s, absl::StrCat("UCX could not register the tensor's ", first.region_bytes, " bytes"));
     }
     void* packed = nullptr;
     std::size_t packed_size = 0;
@@ -73,239 +69,32 @@ absl::StatusOr<remote_descriptor> remote_core::publish(published_holder& holder,
       ucp_mem_unmap(ucx_->context(), pub.memh);
       return remote_detail::ucx_error(s, "UCX could not pack the remote key");
     }
-    d.rkey.assign(static_cast<const char*>(packed), packed_size);
+    first.rkey.assign(static_cast<const char*>(packed), packed_size);
     ucp_rkey_buffer_release(packed);
   }
-  pub.description = d;
-  pub.plan = *std::move(plan);
-  pub.digest = remote_detail::description_digest(d);
-  pub.holder = std::move(holder);
+  std::vector<remote_descriptor> out;
+  out.reserve(members.size());
+  pub.members.reserve(members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    published_member& m = members[i];
+    m.description.lease_id = lease;
+    m.plan = plans[i];
+    m.digest = remote_detail::description_digest(m.description);
+    out.push_back(m.description);
+    pub.members.push_back(std::move(m));
+  }
   pub.timer = std::make_unique<asio::steady_timer>(executor_, pub.end);
   pub.timer->async_wait([weak = weak_from_this(), lease](const asio::error_code& ec) {
     if (ec) return;
     if (std::shared_ptr<remote_core> self = weak.lock()) self->expire(lease);
   });
   publications_.emplace(lease, std::move(pub));
-  return d;
+  return out;
 }
 
 std::size_t remote_core::publications() const {
   std::lock_guard lock(ucx_->mutex());
   return publications_.size() + draining_.size();
-}
-
-void remote_core::on_hold_request_locked(const hold_request& m, ucp_ep_h ep) {
-  hold_reply r;
-  r.request_id = m.request_id;
-  auto refuse = [&](absl::StatusCode code, const std::string& message) {
-    r.code = static_cast<std::int32_t>(code);
-    const std::size_t n = std::min(message.size(), sizeof(r.message) - 1);
-    std::memcpy(r.message, message.data(), n);
-    r.message[n] = '\0';
-    send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
-  };
-  auto it = publications_.find(m.lease_id);
-  const auto now = std::chrono::steady_clock::now();
-  if (stopping_) {
-    return refuse(absl::StatusCode::kUnavailable, "the exporting node is shutting down");
-  }
-  if (it == publications_.end()) {
-    return refuse(absl::StatusCode::kNotFound,
-                  absl::StrCat("lease ", m.lease_id,
-                               " is not published here: all its importers released it, it "
-                               "expired, or it never existed; ask the exporter to publish again"));
-  }
-  publication& pub = it->second;
-  if (now >= pub.end) {
-    return refuse(absl::StatusCode::kDeadlineExceeded,
-                  absl::StrCat("lease ", m.lease_id, " has ended; publish with a longer lease"));
-  }
-  if (m.digest != pub.digest) {
-    return refuse(absl::StatusCode::kInvalidArgument,
-                  absl::StrCat("the descriptor does not describe the tensor published under lease ",
-                               m.lease_id,
-                               " (its dtype, shape, strides, offset or address were changed); "
-                               "import the descriptor as the exporter made it"));
-  }
-  if (m.send_bytes > 1) {
-    return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
-  }
-  if (m.send_bytes == 0 && (!options_.trusted_peers || pub.memh == nullptr)) {
-    return refuse(absl::StatusCode::kPermissionDenied,
-                  "this exporter does not let importers read its memory (its node does not "
-                  "trust its peers with RMA); ask for the bytes instead");
-  }
-  if (pub.granted >= pub.importers) {
-    return refuse(absl::StatusCode::kFailedPrecondition,
-                  absl::StrCat("lease ", m.lease_id, " was published for ", pub.importers,
-                               " importer(s), and all of them have held it; publish with more "
-                               "importers"));
-  }
-  ++pub.granted;
-  const piece_plan plan = m.send_bytes != 0 ? remote_detail::choose_plan(
-                                                  pub.description, pub.plan,
-                                                  options_.min_run_bytes != 0
-                                                      ? options_.min_run_bytes
-                                                      : remote_detail::default_min_sent_run_bytes)
-                                            : piece_plan::none;
-  const remote_detail::piece_walk walk(pub.description, pub.plan, plan);
-  r.remaining_us = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(pub.end - now).count());
-  r.plan = static_cast<std::uint8_t>(plan);
-  r.pieces = walk.count();
-  if ((m.flags & remote_detail::request_bytes_with_grant) != 0 && m.send_bytes == 1 &&
-      plan != piece_plan::gathered && walk.count() == 1 &&
-      walk.at(0).length <= remote_detail::max_bytes_with_grant) {
-    return grant_with_bytes_locked(it, r, walk.at(0), ep);
-  }
-  const std::uint64_t hold_id = ++pub.last_hold;
-  const std::uint64_t secret = remote_detail::random_u64();
-  pub.holds.emplace(hold_id, hold{secret, ep});
-  r.hold_id = hold_id;
-  r.secret = secret;
-  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
-  if (plan == piece_plan::gathered) return send_gathered_locked(pub, m.request_id, ep);
-  for (std::uint64_t i = 0; i < walk.count(); ++i) {
-    const remote_detail::piece_range range = walk.at(i);
-    remote_detail::piece header;
-    header.request_id = m.request_id;
-    header.plan = static_cast<std::uint8_t>(plan);
-    header.index = i;
-    header.count = walk.count();
-    header.offset = range.offset;
-    header.length = range.length;
-    send_read_locked(pub, ep, remote_detail::am_piece, &header, sizeof(header), range);
-  }
-  ucx_->progress();
-}
-
-void remote_core::grant_with_bytes_locked(std::map<std::uint64_t, publication>::iterator it,
-                                          remote_detail::hold_reply& r,
-                                          const remote_detail::piece_range& range, ucp_ep_h ep) {
-  publication& pub = it->second;
-  r.flags = remote_detail::reply_bytes_with_grant;
-  send_read_locked(pub, ep, remote_detail::am_hold_reply, &r, sizeof(r), range);
-  // The hold ends with the grant: no release follows. Once every importer's
-  // hold has ended the publication retires, and its producer goes once no
-  // send reads its memory any more (on_read_done_locked; a completion run
-  // inside send_am only counts the read down, so `it` still stands).
-  if (++pub.releases >= pub.importers) {
-    retire_locked(it);
-    drop_retired_locked();
-  }
-  ucx_->progress();
-}
-
-void remote_core::send_with_data_locked(ucp_ep_h ep, unsigned id, const void* header,
-                                        std::size_t header_bytes, const void* data,
-                                        std::uint64_t length, ucx_worker::send_done done) {
-  ucx_worker::am_message sent;
-  sent.id = id;
-  const auto* h = static_cast<const std::byte*>(header);
-  sent.bytes.assign(h, h + header_bytes);
-  sent.header_bytes = header_bytes;
-  sent.data = data;
-  sent.data_bytes = length;
-  sent.reply = true;
-  // Small pieces go with their message: a rendezvous's extra round trip
-  // costs more than copying them through UCX's buffers (docs/remote.md).
-  if (length <= eager_piece_bytes) sent.carried_by = ucx_worker::am_message::protocol::eager;
-  (void)ucx_->send_am(ep, std::move(sent), std::move(done));
-}
-
-void remote_core::send_read_locked(publication& pub, ucp_ep_h ep, unsigned id, const void* header,
-                                   std::size_t header_bytes,
-                                   const remote_detail::piece_range& range) {
-  ++pub.reads_in_flight;
-  ++pub.readers[ep];
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
-  const void* data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(range.source));
-  send_with_data_locked(
-      ep, id, header, header_bytes, data, range.length,
-      [this, lease = pub.lease_id, ep](ucs_status_t) { on_read_done_locked(lease, ep); });
-}
-
-void remote_core::send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, piece_plan plan,
-                                      std::uint64_t count, absl::StatusCode code) {
-  remote_detail::piece header;
-  header.code = static_cast<std::int32_t>(code);
-  header.request_id = request_id;
-  header.plan = static_cast<std::uint8_t>(plan);
-  header.count = count;
-  send_locked(ep, remote_detail::am_piece, &header, sizeof(header), true);
-}
-
-void remote_core::send_gathered_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep) {
-  // The runtime compacts the tensor (the strided copy kernels, on its
-  // workers, within its copy budget); the copy goes as one piece. Only
-  // the tensor's elements leave, never the gaps between them.
-  ++pub.reads_in_flight;
-  const remote_descriptor& d = pub.description;
-  tensor_description view;
-  // NOLINTNEXTLINE(performance-no-int-to-ptr): the published tensor's own memory
-  view.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(d.data));
-  view.device = d.source_device;
-  view.dtype = d.type;
-  view.shape = d.shape;
-  view.strides = d.strides;
-  view.byte_offset = d.byte_offset;
-  const std::uint64_t lease = pub.lease_id;
-  const std::uint64_t bytes = pub.plan.plan.byte_size;
-  // Started on the executor, not under the node's lock: a small copy runs
-  // inside the call.
-  asio::post(executor_,
-             [self = shared_from_this(), view = std::move(view), lease, bytes, request_id,
-              ep]() mutable { self->gather(std::move(view), lease, bytes, request_id, ep); });
-}
-
-void remote_core::gather(tensor_description view, std::uint64_t lease, std::uint64_t bytes,
-                         std::uint64_t request_id, ucp_ep_h ep) {
-  std::unique_lock lock(ucx_->mutex());
-  if (stopping_) return on_read_done_locked(lease);  // the memory may be gone already
-  std::lock_guard gathers_lock(gathers_mutex_);
-  auto g = gathers_.emplace(gathers_.end());
-  lock.unlock();  // shutdown now finds the gather, and waits for it
-  managed_tensor source = make_managed_tensor(std::move(view));  // the publication keeps it
-  import_options o;
-  o.target = host_device;
-  o.copy = true;
-  o.require_contiguous = true;
-  auto done = [self = shared_from_this(), g, lease, bytes, request_id,
-               ep](absl::StatusOr<tensor> t) {
-    std::lock_guard lock(self->ucx_->mutex());
-    {
-      std::lock_guard gathers(self->gathers_mutex_);
-      self->gathers_.erase(g);
-      self->gathers_done_.notify_all();
-    }
-    self->on_read_done_locked(lease);
-    if (self->stopping_ || self->importer_locked(ep) == nullptr) return;
-    if (!t.ok()) {
-      return self->send_refusal_locked(ep, request_id, piece_plan::gathered, 1, t.status().code());
-    }
-    remote_detail::piece header;
-    header.request_id = request_id;
-    header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
-    header.count = 1;
-    header.length = bytes;
-    auto copy = std::make_shared<tensor>(*std::move(t));
-    const void* data = copy->data();
-    self->send_with_data_locked(ep, remote_detail::am_piece, &header, sizeof(header), data, bytes,
-                                [copy](ucs_status_t) mutable { copy.reset(); });
-    self->ucx_->progress();
-  };
-  // Under gathers_mutex_: shutdown cancels through the slot.
-  async_import_dlpack(rt_, source, o, asio::bind_cancellation_slot(g->slot(), std::move(done)));
-}
-
-void remote_core::cancel_gathers_locked() {
-  std::lock_guard gathers(gathers_mutex_);
-  for (asio::cancellation_signal& g : gathers_) g.emit(asio::cancellation_type::terminal);
-}
-
-void remote_core::wait_for_gathers() {
-  std::unique_lock gathers(gathers_mutex_);
-  gathers_done_.wait(gathers, [this] { return gathers_.empty(); });
 }
 
 void remote_core::on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep) {
@@ -325,7 +114,7 @@ void remote_core::on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep) {
   done(it->second);
   if (it->second.reads_in_flight > 0) return;
   if (it->second.timer) it->second.timer->cancel();
-  retired_.push_back(std::move(it->second.holder));
+  retire_holders_locked(it->second);
   draining_.erase(it);
   drop_retired_locked();
 }
@@ -400,8 +189,13 @@ void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator i
     return;
   }
   if (pub.timer) pub.timer->cancel();
-  retired_.push_back(std::move(pub.holder));
+  retire_holders_locked(pub);
   publications_.erase(it);
+}
+
+void remote_core::retire_holders_locked(publication& pub) {
+  for (published_member& m : pub.members) retired_.push_back(std::move(m.holder));
+  pub.members.clear();
 }
 
 void remote_core::drop_retired_locked() {

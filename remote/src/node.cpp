@@ -3,11 +3,13 @@
 #include <mutex>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "asio/use_awaitable.hpp"
 #include "dlasync/import.hpp"
 #include "dlasync/producer.hpp"
+#include "remote/src/plan_remote.hpp"
 #include "remote/src/remote_core.hpp"
 #include "remote/src/remote_import.hpp"
 
@@ -76,6 +78,49 @@ absl::StatusOr<remote_descriptor> plan_publication(runtime& rt, const managed_te
         "cpu:0 and publish that"));
   }
   return describe(source, *plan);
+}
+
+// What a descriptor says of an imported tensor: a view keeps its producer
+// alive, a copy its memory.
+absl::StatusOr<remote_descriptor> describe_imported(runtime& rt, const tensor& source) {
+  if (source.empty()) return absl::InvalidArgumentError("publish: the tensor is empty");
+  tensor_description desc;
+  desc.data = source.dl_data();
+  desc.device = source.device();
+  desc.dtype = source.dtype();
+  desc.shape.assign(source.shape().begin(), source.shape().end());
+  desc.strides = std::vector<std::int64_t>(source.strides().begin(), source.strides().end());
+  desc.byte_offset = source.byte_offset();
+  desc.flags = source.flags();
+  // A description of the tensor's memory that owns nothing.
+  managed_tensor stand_in = make_managed_tensor(std::move(desc));
+  return plan_publication(rt, stand_in);
+}
+
+absl::Status check(const publish_options& o, std::size_t members) {
+  if (members == 0) {
+    return absl::InvalidArgumentError("publish_bundle: no tensors; a bundle holds at least one");
+  }
+  if (members > remote_bundle::max_members) {
+    return absl::OutOfRangeError(absl::StrCat("publish_bundle: ", members,
+                                              " tensors; a bundle holds at most ",
+                                              remote_bundle::max_members, ": publish several"));
+  }
+  return check(o);
+}
+
+remote_bundle bundle_of(std::vector<remote_descriptor> published) {
+  remote_bundle b;
+  b.lease_id = published.front().lease_id;
+  b.exporter_address = published.front().exporter_address;
+  b.exporter_port = published.front().exporter_port;
+  b.published = static_cast<std::uint32_t>(published.size());
+  b.members.resize(published.size());
+  for (std::size_t i = 0; i < published.size(); ++i) {
+    b.members[i].index = static_cast<std::uint32_t>(i);
+    b.members[i].descriptor = std::move(published[i]);
+  }
+  return b;
 }
 
 }  // namespace
@@ -149,30 +194,68 @@ absl::StatusOr<remote_descriptor> remote_node::publish(managed_tensor& source,
   if (absl::Status s = check(options); !s.ok()) return s;
   absl::StatusOr<remote_descriptor> d = plan_publication(core_->rt(), source);
   if (!d.ok()) return d.status();
-  detail::published_holder holder = std::move(source);
-  absl::StatusOr<remote_descriptor> out = core_->publish(holder, *std::move(d), options);
-  if (!out.ok()) source = std::get<managed_tensor>(std::move(holder));  // still the caller's
-  return out;
+  std::vector<detail::published_member> members(1);
+  members[0].description = *std::move(d);
+  members[0].holder = std::move(source);
+  absl::StatusOr<std::vector<remote_descriptor>> out =
+      core_->publish(members, /*bundle=*/false, options);
+  if (!out.ok()) {
+    source = std::get<managed_tensor>(std::move(members[0].holder));  // still the caller's
+    return out.status();
+  }
+  return std::move(out->front());
 }
 
 absl::StatusOr<remote_descriptor> remote_node::publish(const tensor& source,
                                                        const publish_options& options) {
   if (absl::Status s = check(options); !s.ok()) return s;
-  if (source.empty()) return absl::InvalidArgumentError("publish: the tensor is empty");
-  tensor_description desc;
-  desc.data = source.dl_data();
-  desc.device = source.device();
-  desc.dtype = source.dtype();
-  desc.shape.assign(source.shape().begin(), source.shape().end());
-  desc.strides = std::vector<std::int64_t>(source.strides().begin(), source.strides().end());
-  desc.byte_offset = source.byte_offset();
-  desc.flags = source.flags();
-  // A description of the tensor's memory that owns nothing.
-  managed_tensor stand_in = make_managed_tensor(std::move(desc));
-  absl::StatusOr<remote_descriptor> d = plan_publication(core_->rt(), stand_in);
+  absl::StatusOr<remote_descriptor> d = describe_imported(core_->rt(), source);
   if (!d.ok()) return d.status();
-  detail::published_holder holder = source;
-  return core_->publish(holder, *std::move(d), options);
+  std::vector<detail::published_member> members(1);
+  members[0].description = *std::move(d);
+  members[0].holder = source;
+  absl::StatusOr<std::vector<remote_descriptor>> out =
+      core_->publish(members, /*bundle=*/false, options);
+  if (!out.ok()) return out.status();
+  return std::move(out->front());
+}
+
+absl::StatusOr<remote_bundle> remote_node::publish_bundle(std::span<managed_tensor> sources,
+                                                          const publish_options& options) {
+  if (absl::Status s = check(options, sources.size()); !s.ok()) return s;
+  std::vector<detail::published_member> members(sources.size());
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    absl::StatusOr<remote_descriptor> d = plan_publication(core_->rt(), sources[i]);
+    if (!d.ok()) return remote_detail::for_member(d.status(), i, sources.size());
+    members[i].description = *std::move(d);
+  }
+  for (std::size_t i = 0; i < sources.size(); ++i) members[i].holder = std::move(sources[i]);
+  absl::StatusOr<std::vector<remote_descriptor>> out =
+      core_->publish(members, /*bundle=*/true, options);
+  if (!out.ok()) {
+    // Every member is still the caller's.
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      sources[i] = std::get<managed_tensor>(std::move(members[i].holder));
+    }
+    return out.status();
+  }
+  return bundle_of(*std::move(out));
+}
+
+absl::StatusOr<remote_bundle> remote_node::publish_bundle(std::span<const tensor> sources,
+                                                          const publish_options& options) {
+  if (absl::Status s = check(options, sources.size()); !s.ok()) return s;
+  std::vector<detail::published_member> members(sources.size());
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    absl::StatusOr<remote_descriptor> d = describe_imported(core_->rt(), sources[i]);
+    if (!d.ok()) return remote_detail::for_member(d.status(), i, sources.size());
+    members[i].description = *std::move(d);
+    members[i].holder = sources[i];
+  }
+  absl::StatusOr<std::vector<remote_descriptor>> out =
+      core_->publish(members, /*bundle=*/true, options);
+  if (!out.ok()) return out.status();
+  return bundle_of(*std::move(out));
 }
 
 std::size_t remote_node::publications() const {
@@ -202,6 +285,11 @@ asio::awaitable<absl::StatusOr<tensor>> import_remote(remote_node& node,
                                                       remote_descriptor descriptor,
                                                       remote_import_options options) {
   co_return co_await async_import_remote(node, descriptor, options, asio::use_awaitable);
+}
+
+asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_bundle(
+    remote_node& node, remote_bundle bundle, remote_import_options options) {
+  co_return co_await async_import_remote_bundle(node, bundle, options, asio::use_awaitable);
 }
 #endif
 

@@ -4,7 +4,9 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "dlasync/producer.hpp"
 #include "dlasync/validate.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
@@ -108,6 +110,13 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
   }
   out.span_begin = begin;
   out.span_bytes = bytes;
+  return out;
+}
+
+absl::Status for_member(const absl::Status& s, std::size_t i, std::size_t n) {
+  absl::Status out(s.code(), absl::StrCat("bundle member ", i, " of ", n, ": ", s.message()));
+  s.ForEachPayload(
+      [&out](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
 }
 

@@ -43,6 +43,10 @@ struct remote_plan {
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry);
 
+// `s` with "bundle member `i` of `n`: " before its message, its payloads
+// (the import_error) kept.
+absl::Status for_member(const absl::Status& s, std::size_t i, std::size_t n);
+
 // What `d` says of the tensor's bytes (dtype, shape, strides, byte offset,
 // data address), hashed: a hold request carries the importer's, the
 // exporter compares it with its own.

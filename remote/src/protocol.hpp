@@ -18,6 +18,15 @@
 // once; the producer still waits until the send no longer reads its memory.
 // No piece message, and no release, follows.
 //
+// A bundle (several tensors under one lease) is asked for with the members
+// the importer wants (request_members): the hold request's data lists them,
+// each with the digest of the description the importer validated. The
+// exporter refuses the whole hold when any member is unknown or described
+// otherwise, naming it; else it grants one hold and sends every member's
+// pieces at once, each piece naming its member by its place in the list.
+// The grant says how each member is sent (member_plan). One release ends
+// the hold.
+//
 // Where both nodes trust their peers (remote_node_options::trusted_peers)
 // and the descriptor carries a remote key, the importer may instead read
 // the bytes itself by RMA get, and asks for a hold without pieces.
@@ -56,7 +65,7 @@ inline constexpr unsigned am_hold_release = 0x4c03;
 inline constexpr unsigned am_piece = 0x4c04;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 
 // How an exporter sends a tensor's bytes.
 enum class piece_plan : std::uint8_t {
@@ -93,12 +102,32 @@ struct hold_request {
 // hold_request::flags: the importer takes a one-piece tensor's bytes as the
 // grant's data, the hold then ended by the exporter.
 inline constexpr std::uint8_t request_bytes_with_grant = 1;
+// hold_request::flags: the data lists the members asked for (member_request,
+// rising indices, at least one, sent eagerly); `digest` is then 0. Without
+// it, the publication must hold one tensor, and `digest` is its.
+inline constexpr std::uint8_t request_members = 2;
+struct member_request {
+  std::uint32_t index = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t digest = 0;
+};
+// The most members a publication holds (remote_bundle::max_members).
+inline constexpr std::uint32_t max_members = 4096;
 // hold_reply::flags: the grant carries its only piece as its data, and the
 // hold is over (no release follows).
 inline constexpr std::uint8_t reply_bytes_with_grant = 1;
 // The largest piece an exporter sends with a grant: the size up to which it
 // sends pieces eagerly (with their message) anyway.
 inline constexpr std::uint64_t max_bytes_with_grant = std::uint64_t{64} << 10;
+
+// A bundle's grant (an answer to request_members) carries, as its data,
+// how each member asked for is sent, in the order asked; its own plan is
+// none and its pieces the sum.
+struct member_plan {
+  std::uint8_t plan = 0;  // a piece_plan
+  std::uint8_t reserved[7] = {};
+  std::uint64_t pieces = 0;
+};
 
 struct hold_reply {
   std::uint32_t magic = protocol_magic;
@@ -127,16 +156,18 @@ struct hold_release {
   std::uint64_t secret = 0;
 };
 
-// Piece `index` of `count` of request `request_id`'s bytes: `length`
-// bytes at `offset` of the importer's buffer, carried as the message's
-// data (UCX's rendezvous for large ones). A code other than 0 (an
+// Piece `index` of `count` of request `request_id`'s bytes of its member
+// `member` (its place in the request's list; 0 for one tensor): `length`
+// bytes at `offset` of the importer's buffer for that member, carried as the
+// message's data (UCX's rendezvous for large ones). A code other than 0 (an
 // absl::StatusCode) says the exporter could not send the bytes; no data.
 struct piece {
   std::uint32_t magic = protocol_magic;
   std::int32_t code = 0;
   std::uint64_t request_id = 0;
   std::uint8_t plan = 0;  // a piece_plan
-  std::uint8_t reserved[7] = {};
+  std::uint8_t reserved[3] = {};
+  std::uint32_t member = 0;
   std::uint64_t index = 0;
   std::uint64_t count = 0;
   std::uint64_t offset = 0;

@@ -111,14 +111,19 @@ void remote_core::on_importer_error(void* arg, ucp_ep_h ep, ucs_status_t) {
   });
 }
 
-ucs_status_t remote_core::on_am_request(void* arg, const void* header, std::size_t length, void*,
-                                        std::size_t, const ucp_am_recv_param_t* param) {
+ucs_status_t remote_core::on_am_request(void* arg, const void* header, std::size_t length,
+                                        void* data, std::size_t data_length,
+                                        const ucp_am_recv_param_t* param) {
   auto* self = static_cast<remote_core*>(arg);
   remote_detail::hold_request m;
   if (!read_message(header, length, m)) return UCS_OK;  // not ours: dropped
   ucp_ep_h ep = ucx_worker::reply_endpoint(param);
   if (self->importer_locked(ep) == nullptr) return UCS_OK;  // not through the listener
-  self->on_hold_request_locked(m, ep);
+  // A member list comes with its message; one that UCX would fetch by
+  // rendezvous is not read (UCX completes it for its sender as dropped),
+  // and the request is refused.
+  const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+  self->on_hold_request_locked(m, in_place ? data : nullptr, data_length, ep);
   return UCS_OK;
 }
 
@@ -161,11 +166,17 @@ ucs_status_t remote_core::on_am_piece(void* arg, const void* header, std::size_t
 }
 
 void remote_core::send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length,
-                              bool reply) {
+                              bool reply, std::string_view data) {
   ucx_worker::am_message m;
   m.id = id;
   const auto* bytes = static_cast<const std::byte*>(header);
+  m.bytes.reserve(length + data.size());
   m.bytes.assign(bytes, bytes + length);
+  if (!data.empty()) {
+    const auto* more = reinterpret_cast<const std::byte*>(data.data());
+    m.bytes.insert(m.bytes.end(), more, more + data.size());
+    m.carried_by = ucx_worker::am_message::protocol::eager;
+  }
   m.header_bytes = length;
   m.reply = reply;
   (void)ucx_->send_am(ep, std::move(m));
@@ -301,7 +312,7 @@ void remote_core::shutdown() {
   wait_for_gathers();
   {
     std::lock_guard lock(ucx_->mutex());
-    for (auto& [lease, pub] : draining_) retired_.push_back(std::move(pub.holder));
+    for (auto& [lease, pub] : draining_) retire_holders_locked(pub);
     draining_.clear();
     to_delete_->add(retired_);
   }

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -76,15 +77,20 @@ struct hold {
   ucp_ep_h ep = nullptr;
 };
 
-struct publication {
-  std::uint64_t lease_id = 0;
+// One tensor of a publication: what keeps it alive, its description as
+// the exporter made it, and its validation (what the pieces are cut from).
+struct published_member {
   published_holder holder;
-  // The description, as the exporter made it, and its validation: what the
-  // pieces are cut from.
   remote_descriptor description;
   remote_detail::remote_plan plan;
   std::uint64_t digest = 0;
-  ucp_mem_h memh = nullptr;  // registered for RMA (trusted peers) only
+};
+
+struct publication {
+  std::uint64_t lease_id = 0;
+  // One tensor, or a bundle's, in the order of their indices.
+  std::vector<published_member> members;
+  ucp_mem_h memh = nullptr;  // one tensor registered for RMA (trusted peers) only
   std::uint32_t importers = 1;
   std::uint32_t granted = 0;
   std::uint32_t releases = 0;
@@ -131,11 +137,14 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   bool stopping() const noexcept { return stopping_; }
 
   // Exporting (exporter.cpp).
-  // Fills in d's exporter, lease and (trusted peers) key, and keeps
-  // `holder` (moved from only on success) until the lease ends. `d` is
-  // already validated as `plan`.
-  absl::StatusOr<remote_descriptor> publish(published_holder& holder, remote_descriptor d,
-                                            const publish_options& options);
+  // Fills in each member's exporter and lease (and, for one tensor that is
+  // no bundle, between trusted peers, its key), validates it, and keeps the
+  // members' holders (moved from only on success) until the lease ends.
+  // Returns the members' descriptions, completed. A refusal of a bundle's
+  // member names it.
+  absl::StatusOr<std::vector<remote_descriptor>> publish(std::vector<published_member>& members,
+                                                         bool bundle,
+                                                         const publish_options& options);
   std::size_t publications() const;
   std::size_t connections() const;
   const std::string& listen_address() const noexcept { return listen_address_; }
@@ -156,9 +165,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // memory) rather than emulating RMA with active messages.
   static bool native_rma(ucp_ep_h ep);
 
-  // Sends a small active message on `ep`, fire and forget; the header is
-  // copied and kept until UCX is done with it. Requires the lock.
-  void send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length, bool reply);
+  // Sends a small active message on `ep`, fire and forget; the header (and
+  // `data`, sent eagerly, with the message) is copied and kept until UCX is
+  // done with it. Requires the lock.
+  void send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length, bool reply,
+                   std::string_view data = {});
 
  private:
   static ucs_status_t on_am_request(void* arg, const void* header, std::size_t length, void* data,
@@ -178,16 +189,36 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   importer_connection* importer_locked(ucp_ep_h ep);
 
   // Exporting (exporter.cpp).
-  void on_hold_request_locked(const remote_detail::hold_request& m, ucp_ep_h ep);
+  // `members`: the request's list (request_members), as received.
+  void on_hold_request_locked(const remote_detail::hold_request& m, const void* members,
+                              std::size_t members_bytes, ucp_ep_h ep);
+  // The members a hold request asks for (indices into pub.members), or
+  // why it is refused.
+  absl::StatusOr<std::vector<std::uint32_t>> asked_members(const remote_detail::hold_request& m,
+                                                           const publication& pub,
+                                                           const void* members,
+                                                           std::size_t members_bytes) const;
   void on_hold_release_locked(const remote_detail::hold_release& m, ucp_ep_h ep);
-  // Sends the pieces of a granted hold.
-  void send_pieces_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep,
-                          remote_detail::piece_plan plan);
-  void send_gathered_locked(publication& pub, std::uint64_t request_id, ucp_ep_h ep);
+  // Sends pub.members[index]'s bytes as piece plan `plan`, as the member
+  // at `place` of request `request_id`.
+  void send_member_locked(publication& pub, std::uint32_t index, std::uint32_t place,
+                          std::uint64_t request_id, ucp_ep_h ep, remote_detail::piece_plan plan);
+  // A compact copy of the member's tensor, made by the runtime and sent as
+  // one piece when it is made.
+  void send_gathered_locked(publication& pub, std::uint32_t index, std::uint32_t place,
+                            std::uint64_t request_id, ucp_ep_h ep);
+  // Where a gathered copy goes: the request, the member's place, the
+  // importer's connection.
+  struct gather_target {
+    std::uint64_t lease = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t request_id = 0;
+    std::uint32_t place = 0;
+    ucp_ep_h ep = nullptr;
+  };
   // A compact copy of the published tensor `view`, sent as one piece when
   // it is made. On the executor, without the node's lock.
-  void gather(tensor_description view, std::uint64_t lease, std::uint64_t bytes,
-              std::uint64_t request_id, ucp_ep_h ep);
+  void gather(tensor_description view, gather_target to);
   void cancel_gathers_locked();
   // Until every gather's handler has run. Without the node's lock.
   void wait_for_gathers();
@@ -204,8 +235,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // publication until the send is over (on_read_done_locked).
   void send_read_locked(publication& pub, ucp_ep_h ep, unsigned id, const void* header,
                         std::size_t header_bytes, const remote_detail::piece_range& range);
-  void send_refusal_locked(ucp_ep_h ep, std::uint64_t request_id, remote_detail::piece_plan plan,
-                           std::uint64_t count, absl::StatusCode code);
+  void send_refusal_locked(const gather_target& to, absl::StatusCode code);
   // A read of the publication's memory is over: a send on `ep`, or a
   // gather (null).
   void on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep = nullptr);
@@ -220,6 +250,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // Unregisters and forgets a publication; its holder goes to `retired_`,
   // or it waits in `draining_` while reads of its memory are under way.
   void retire_locked(std::map<std::uint64_t, publication>::iterator it);
+  // Moves the publication's holders to `retired_`.
+  void retire_holders_locked(publication& pub);
   // Destroys retired holders (producer deleters) on the executor, through
   // `to_delete_`.
   void drop_retired_locked();

@@ -26,16 +26,32 @@ bool known_plan(std::uint8_t plan) {
 
 }  // namespace
 
-bool remote_import::adopt_plan_locked(std::uint8_t plan, std::uint64_t count) {
-  if (walk_) return static_cast<std::uint8_t>(walk_->plan()) == plan && walk_->count() == count;
+bool remote_import::adopt_plan_locked(std::size_t k, std::uint8_t plan, std::uint64_t count) {
+  member& m = members_[k];
+  // Adopted already (from the grant, or from a piece that overtook it): the
+  // same plan again, or a lie.
+  if (m.walk) return static_cast<std::uint8_t>(m.walk->plan()) == plan && m.walk->count() == count;
   if (!known_plan(plan)) return false;
   const auto kind = static_cast<piece_plan>(plan);
-  if (!remote_detail::piece_walk::fits(descriptor_, plan_, kind)) return false;
-  remote_detail::piece_walk walk(descriptor_, plan_, kind);
+  if (!remote_detail::piece_walk::fits(m.descriptor, m.plan, kind)) return false;
+  remote_detail::piece_walk walk(m.descriptor, m.plan, kind);
   if (walk.count() != count) return false;
-  walk_.emplace(std::move(walk));
-  piece_seen_.assign(count, false);
-  layout_ = kind == piece_plan::dense ? layout::span : layout::compact;
+  m.walk.emplace(std::move(walk));
+  m.piece_seen.assign(count, false);
+  m.lands = kind == piece_plan::dense ? layout::span : layout::compact;
+  pieces_expected_ += count;
+  ++plans_adopted_;
+  return true;
+}
+
+bool remote_import::adopt_plans_locked(const void* data, std::size_t length) {
+  constexpr std::size_t entry = sizeof(remote_detail::member_plan);
+  if (data == nullptr || length != members_.size() * entry) return false;
+  for (std::size_t k = 0; k < members_.size(); ++k) {
+    remote_detail::member_plan p;
+    std::memcpy(&p, static_cast<const unsigned char*>(data) + k * entry, entry);
+    if (!adopt_plan_locked(k, p.plan, p.pieces)) return false;
+  }
   return true;
 }
 
@@ -48,28 +64,33 @@ void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, s
     return;
   }
   endpoint_->heard = std::chrono::steady_clock::now();
-  if (!adopt_plan_locked(m.plan, m.count) || m.index >= m.count || piece_seen_[m.index]) {
+  // A piece names its member and its plan: the grant's, or the first of a
+  // member whose pieces overtook the grant.
+  const std::size_t k = m.member;
+  if (k >= members_.size() || !adopt_plan_locked(k, m.plan, m.count) || m.index >= m.count ||
+      members_[k].piece_seen[m.index]) {
     return fail_locked(absl::DataLossError(absl::StrCat(
-        "the exporter sent piece ", m.index, " of ", m.count, " (kind ", m.plan, ") of lease ",
-        descriptor_.lease_id,
-        ", which this import did not expect: a piece twice, or a plan that does not fit the "
-        "descriptor")));
+        "the exporter sent piece ", m.index, " of ", m.count, " (kind ", m.plan, ") of member ",
+        m.member, " of lease ", lease_id_,
+        ", which this import did not expect: a piece twice, of a member not asked for, or a "
+        "plan that does not fit the descriptor")));
   }
-  piece_seen_[m.index] = true;
+  member& into = members_[k];
+  into.piece_seen[m.index] = true;
   if (m.code != 0) {
     return fail_locked(absl::Status(
-        peer_code(m.code), absl::StrCat("the exporter could not send lease ", descriptor_.lease_id,
+        peer_code(m.code), absl::StrCat("the exporter could not send ", name_of(k),
                                         "'s bytes; it may be short of memory, or shutting down")));
   }
-  const remote_detail::piece_range expected = walk_->at(m.index);
+  const remote_detail::piece_range expected = into.walk->at(m.index);
   if (m.offset != expected.offset || m.length != expected.length || length != expected.length ||
-      expected.offset > fetch_bytes_ || expected.length > fetch_bytes_ - expected.offset) {
+      expected.offset > into.fetch_bytes || expected.length > into.fetch_bytes - expected.offset) {
     return fail_locked(absl::DataLossError(
-        absl::StrCat("the exporter's piece ", m.index, " of lease ", descriptor_.lease_id,
-                     " holds ", length, " bytes for offset ", m.offset, "; the descriptor puts ",
-                     expected.length, " bytes at offset ", expected.offset)));
+        absl::StrCat("the exporter's piece ", m.index, " of ", name_of(k), " holds ", length,
+                     " bytes for offset ", m.offset, "; the descriptor puts ", expected.length,
+                     " bytes at offset ", expected.offset)));
   }
-  void* dest = static_cast<unsigned char*>(buffer_.data()) + expected.offset;
+  void* dest = static_cast<unsigned char*>(into.buffer.data()) + expected.offset;
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0) {
     if (length > 0) std::memcpy(dest, data, length);
     ++pieces_done_;
@@ -105,7 +126,7 @@ void remote_import::write_done_locked(ucs_status_t status) {
     if (endpoint_ != nullptr) endpoint_->heard = std::chrono::steady_clock::now();
   } else if (failure_.ok()) {
     absl::Status why = remote_detail::ucx_error(
-        status, absl::StrCat("fetching lease ", descriptor_.lease_id,
+        status, absl::StrCat("fetching lease ", lease_id_,
                              " from its exporter failed; the exporter went away or the transfer "
                              "broke"));
     // A lost peer, whatever UCX calls it, is Unavailable.
@@ -123,17 +144,19 @@ void remote_import::advance_locked() {
   if (finished_) return wind_down_locked();
   if (!failure_.ok()) return fail_locked(failure_);
   if (!hold_granted_ || writes_in_flight_ > 0 || rma_issuing_) return;
-  if (!rma_ && (!walk_ || pieces_done_ < walk_->count())) return;
+  if (!rma_ && (plans_adopted_ < members_.size() || pieces_done_ < pieces_expected_)) return;
   fetched_locked();
 }
 
 void remote_import::fetch_rma_locked() {
-  const import_plan& p = plan_.plan;
+  // One tensor: a bundle's bytes always come as pieces.
+  member& m = members_.front();
+  const import_plan& p = m.plan.plan;
   if (p.element_count == 0) return advance_locked();
   // Unpacked now that the connection is up: a key is only as good as the
   // endpoint's transports. Between trusted peers only: UCX's parser of
   // keys is not made for hostile bytes.
-  if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, descriptor_.rkey.data(), &rkey_);
+  if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, m.descriptor.rkey.data(), &rkey_);
       s != UCS_OK) {
     rkey_ = nullptr;
     return fail_locked(remote_detail::ucx_error(
@@ -141,13 +164,13 @@ void remote_import::fetch_rma_locked() {
   }
   keep_alive_ = shared_from_this();
   rma_issuing_ = true;  // held until every get is issued
-  auto* out = static_cast<unsigned char*>(buffer_.data());
-  if (layout_ == layout::span) {
-    get_locked(plan_.span_begin, out, fetch_bytes_);
+  auto* out = static_cast<unsigned char*>(m.buffer.data());
+  if (m.lands == layout::span) {
+    get_locked(m.plan.span_begin, out, m.fetch_bytes);
   } else if (p.compact) {
-    get_locked(p.address, out, fetch_bytes_);
+    get_locked(p.address, out, m.fetch_bytes);
   } else {
-    const remote_detail::piece_walk runs(descriptor_, plan_, piece_plan::runs);
+    const remote_detail::piece_walk runs(m.descriptor, m.plan, piece_plan::runs);
     for (std::uint64_t i = 0; i < runs.count() && failure_.ok(); ++i) {
       const remote_detail::piece_range r = runs.at(i);
       get_locked(r.source, out + r.offset, r.length);

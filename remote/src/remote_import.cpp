@@ -45,10 +45,66 @@ remote_import::remote_import(std::shared_ptr<remote_core> core)
 
 remote_import::~remote_import() = default;
 
-void remote_import::start(done_fn done, const remote_descriptor& d, const import_options& options) {
+void remote_import::start(absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done,
+                          const remote_descriptor& d, const import_options& options) {
+  std::vector<member> members(1);
+  members[0].descriptor = d;
+  begin(
+      [done = std::move(done)](absl::StatusOr<std::vector<tensor>> r) mutable {
+        if (!r.ok()) return std::move(done)(r.status());
+        std::move(done)(std::move(r->front()));
+      },
+      std::move(members), /*bundle=*/false, options);
+}
+
+void remote_import::start(done_fn done, const remote_bundle& b, const import_options& options) {
+  // The bundle's own framing, before any member is looked at.
+  absl::Status refused;
+  if (b.members.empty() || b.members.size() > remote_bundle::max_members) {
+    refused = absl::InvalidArgumentError(absl::StrCat("the bundle has ", b.members.size(),
+                                                      " members; import from 1 to ",
+                                                      remote_bundle::max_members));
+  }
+  std::vector<member> members(refused.ok() ? b.members.size() : 0);
+  for (std::size_t k = 0; k < members.size() && refused.ok(); ++k) {
+    const remote_bundle::member& m = b.members[k];
+    const remote_descriptor& d = m.descriptor;
+    if (m.index >= b.published || (k > 0 && m.index <= b.members[k - 1].index)) {
+      refused = absl::InvalidArgumentError(
+          absl::StrCat("bundle member ", k, " has index ", m.index, " of ", b.published,
+                       " published; indices rise and lie below the count published"));
+    } else if (d.lease_id != b.lease_id || d.exporter_address != b.exporter_address ||
+               d.exporter_port != b.exporter_port || !d.rkey.empty()) {
+      refused = absl::InvalidArgumentError(
+          absl::StrCat("bundle member ", k, " names lease ", d.lease_id, " at ", d.exporter_address,
+                       " port ", d.exporter_port, " where the bundle names lease ", b.lease_id,
+                       " at ", b.exporter_address, " port ", b.exporter_port,
+                       " (or carries a remote key); a bundle's members are the bundle's"));
+    }
+    members[k].index = m.index;
+    members[k].descriptor = d;
+  }
+  if (!refused.ok()) {
+    refused = with_import_error(
+        std::move(refused), import_error{.consumed = false, .rule = "bundle", .copy_reasons = ""});
+    members.clear();
+  }
+  begin(std::move(done), std::move(members), /*bundle=*/true, options, std::move(refused));
+}
+
+void remote_import::begin(done_fn done, std::vector<member> members, bool bundle,
+                          const import_options& options, absl::Status refused) {
   runtime& rt = core_->rt();
-  absl::StatusOr<remote_detail::remote_plan> planned =
-      remote_detail::plan_remote(d, options, rt.registry());
+  for (std::size_t k = 0; k < members.size() && refused.ok(); ++k) {
+    absl::StatusOr<remote_detail::remote_plan> planned =
+        remote_detail::plan_remote(members[k].descriptor, options, rt.registry());
+    if (!planned.ok()) {
+      refused = bundle ? remote_detail::for_member(planned.status(), k, members.size())
+                       : planned.status();
+    } else {
+      members[k].plan = *std::move(planned);
+    }
+  }
   std::unique_lock lock(core_->ucx().mutex());
   done_ = std::move(done);
   if (finished_) {
@@ -58,35 +114,54 @@ void remote_import::start(done_fn done, const remote_descriptor& d, const import
     done_ = nullptr;
     return;
   }
-  if (!planned.ok()) return finish_locked(planned.status());
+  if (!refused.ok()) return finish_locked(std::move(refused));
   if (core_->stopping()) {
     return finish_locked(with_import_error(
         absl::UnavailableError("the remote node is shutting down; import before shutdown"),
         import_error{.consumed = false, .rule = "shutdown", .copy_reasons = ""}));
   }
-  plan_ = *std::move(planned);
-  descriptor_ = d;
+  members_ = std::move(members);
+  bundle_ = bundle;
+  const remote_descriptor& first = members_.front().descriptor;
+  lease_id_ = first.lease_id;
   options_ = options;
   if (!options_.target) options_.target = host_device;
   host_ = options_.target->kind == device_kind::cpu ? *options_.target : host_device;
 
   absl::StatusOr<exporter_endpoint*> e =
-      core_->endpoint_locked(descriptor_.exporter_address, descriptor_.exporter_port);
+      core_->endpoint_locked(first.exporter_address, first.exporter_port);
   if (!e.ok()) return finish_locked(in_flight(e.status()));
   endpoint_ = *e;
-  // RMA only between trusted peers, with the exporter's key; by default
-  // only where UCX reads with a lane of its own (a connection in use tells).
+  // RMA only between trusted peers, with the exporter's key, for one tensor;
+  // by default only where UCX reads with a lane of its own (a connection in
+  // use tells).
   const remote_node_options& o = core_->options();
+  if (bundle_ && o.fetch == remote_fetch::rma) {
+    return finish_locked(with_import_error(
+        absl::FailedPreconditionError(
+            "remote_node_options::fetch = rma, but a bundle's bytes come as its exporter's "
+            "pieces; import the bundle with remote_fetch::automatic or active_messages"),
+        import_error{.consumed = false, .rule = "bundle", .copy_reasons = ""}));
+  }
   ucp_ep_h ep = endpoint_->ep;
-  absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
-      d, plan_, o.fetch, o.trusted_peers, [ep] { return remote_core::native_rma(ep); },
-      o.min_run_bytes);
-  if (!fetch.ok()) return finish_locked(fetch.status());
-  rma_ = fetch->rma;
-  layout_ = fetch->span ? layout::span : layout::compact;
-  fetch_bytes_ = fetch->bytes;
+  for (member& m : members_) {
+    absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
+        m.descriptor, m.plan, bundle_ ? remote_fetch::active_messages : o.fetch, o.trusted_peers,
+        [ep] { return remote_core::native_rma(ep); }, o.min_run_bytes);
+    if (!fetch.ok()) return finish_locked(fetch.status());
+    rma_ = fetch->rma;
+    m.lands = fetch->span ? layout::span : layout::compact;
+    m.fetch_bytes = fetch->bytes;
+    if (fetch_bytes_ + m.fetch_bytes < fetch_bytes_) {
+      return finish_locked(with_import_error(
+          absl::OutOfRangeError("the bundle's members together overflow 64 bits of bytes"),
+          import_error{.consumed = false, .rule = "byte_size", .copy_reasons = ""}));
+    }
+    fetch_bytes_ += m.fetch_bytes;
+  }
   memory_budget& budget = *core_of(rt).budget();
-  if (absl::Status st = detail::check_budget("the remote tensor", fetch_bytes_, budget.limit());
+  if (absl::Status st = detail::check_budget(bundle_ ? "the remote bundle" : "the remote tensor",
+                                             fetch_bytes_, budget.limit());
       !st.ok()) {
     return finish_locked(std::move(st));
   }
@@ -122,6 +197,11 @@ void remote_import::start(done_fn done, const remote_descriptor& d, const import
       });
 }
 
+std::string remote_import::name_of(std::size_t k) const {
+  if (!bundle_) return absl::StrCat("lease ", lease_id_);
+  return absl::StrCat("member ", members_[k].index, " of lease ", lease_id_);
+}
+
 void remote_import::on_budget(const absl::Status& granted) {
   std::lock_guard lock(core_->ucx().mutex());
   budget_wait_.end();
@@ -139,10 +219,11 @@ void remote_import::budget_granted_locked() {
     finish_locked(in_flight(absl::CancelledError("the remote node shut down")));
     return wind_down_locked();
   }
-  if (fetch_bytes_ > 0) {
-    absl::StatusOr<device_buffer> b = core_->rt().allocate(host_, fetch_bytes_);
+  for (member& m : members_) {
+    if (m.fetch_bytes == 0) continue;
+    absl::StatusOr<device_buffer> b = core_->rt().allocate(host_, m.fetch_bytes);
     if (!b.ok()) return fail_locked(b.status());
-    buffer_ = *std::move(b);
+    m.buffer = *std::move(b);
   }
   if (!endpoint_->failure.ok()) return fail_locked(endpoint_->failure);  // lost meanwhile
   request_hold_locked();
@@ -157,14 +238,26 @@ void remote_import::request_hold_locked() {
   endpoint_->users.push_back(weak_from_this());
   hold_request m;
   m.send_bytes = rma_ ? 0 : 1;
-  // A small tensor's bytes may come with the grant, the hold ended with it.
-  m.flags = rma_ ? 0 : remote_detail::request_bytes_with_grant;
-  m.lease_id = descriptor_.lease_id;
+  m.lease_id = lease_id_;
   m.request_id = request_id_;
-  m.digest = remote_detail::description_digest(descriptor_);
+  std::string asked;  // a bundle's members, each with its digest
+  if (bundle_) {
+    m.flags = remote_detail::request_members;
+    asked.resize(members_.size() * sizeof(remote_detail::member_request));
+    for (std::size_t k = 0; k < members_.size(); ++k) {
+      remote_detail::member_request r;
+      r.index = members_[k].index;
+      r.digest = remote_detail::description_digest(members_[k].descriptor);
+      std::memcpy(asked.data() + k * sizeof(r), &r, sizeof(r));
+    }
+  } else {
+    // A small tensor's bytes may come with the grant, the hold ended with it.
+    m.flags = rma_ ? 0 : remote_detail::request_bytes_with_grant;
+    m.digest = remote_detail::description_digest(members_[0].descriptor);
+  }
   hold_requested_ = true;
   sent_ = std::chrono::steady_clock::now();
-  core_->send_locked(endpoint_->ep, remote_detail::am_hold_request, &m, sizeof(m), true);
+  core_->send_locked(endpoint_->ep, remote_detail::am_hold_request, &m, sizeof(m), true, asked);
   core_->ucx().progress();
 }
 
@@ -178,8 +271,8 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   if (m.code != 0) {
     std::string message(m.message, strnlen(m.message, sizeof(m.message)));
     finish_locked(with_import_error(
-        absl::Status(peer_code(m.code), absl::StrCat("the exporter refused lease ",
-                                                     descriptor_.lease_id, ": ", message)),
+        absl::Status(peer_code(m.code),
+                     absl::StrCat("the exporter refused lease ", lease_id_, ": ", message)),
         import_error{.consumed = false, .rule = "lease", .copy_reasons = ""}));
     return wind_down_locked();
   }
@@ -191,19 +284,31 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   // A grant with its bytes ended the hold: the exporter expects no release.
   if (with_bytes) hold_released_ = true;
   if (finished_) return wind_down_locked();  // cancelled meanwhile: released now
+  if (bundle_) {
+    // Every member's plan, in the grant's data, sent with it.
+    const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+    if (with_bytes || !in_place || !adopt_plans_locked(data, length)) {
+      return fail_locked(absl::DataLossError(absl::StrCat(
+          "the exporter's grant for the bundle under lease ", lease_id_, " carries ", length,
+          " bytes", with_bytes ? " as a tensor's" : "", ", which are not a plan for each of its ",
+          members_.size(),
+          " members that fits it; it runs another dlasync, or it does not describe its tensors "
+          "honestly")));
+    }
+    return advance_locked();
+  }
   // A grant carries only a one-piece tensor of its plan, and a small one.
   const bool one_piece = m.pieces == 1 && (m.plan == static_cast<std::uint8_t>(piece_plan::whole) ||
                                            m.plan == static_cast<std::uint8_t>(piece_plan::dense));
   if (with_bytes && (!one_piece || length > remote_detail::max_bytes_with_grant)) {
-    return fail_locked(absl::DataLossError(
-        absl::StrCat("the exporter's grant for lease ", descriptor_.lease_id, " carries ", length,
-                     " bytes as a tensor of ", m.pieces, " pieces of kind ", m.plan,
-                     "; a grant carries only a one-piece tensor of up to ",
-                     remote_detail::max_bytes_with_grant, " bytes")));
+    return fail_locked(absl::DataLossError(absl::StrCat(
+        "the exporter's grant for lease ", lease_id_, " carries ", length, " bytes as a tensor of ",
+        m.pieces, " pieces of kind ", m.plan, "; a grant carries only a one-piece tensor of up to ",
+        remote_detail::max_bytes_with_grant, " bytes")));
   }
   if ((with_bytes && rma_) || (!with_bytes && length != 0)) {
     return fail_locked(absl::DataLossError(
-        absl::StrCat("the exporter's grant for lease ", descriptor_.lease_id, " carries ", length,
+        absl::StrCat("the exporter's grant for lease ", lease_id_, " carries ", length,
                      " bytes where this import ", rma_ ? "reads them itself" : "expects none",
                      "; it does not speak dlasync's protocol")));
   }
@@ -214,12 +319,11 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
     }
     return fetch_rma_locked();
   }
-  if (!adopt_plan_locked(m.plan, m.pieces)) {
-    return fail_locked(absl::DataLossError(
-        absl::StrCat("the exporter's plan for lease ", descriptor_.lease_id, " (", m.pieces,
-                     " pieces of kind ", m.plan,
-                     ") does not fit the descriptor; it runs another dlasync, or "
-                     "it does not describe its tensor honestly")));
+  if (!adopt_plan_locked(0, m.plan, m.pieces)) {
+    return fail_locked(absl::DataLossError(absl::StrCat(
+        "the exporter's plan for lease ", lease_id_, " (", m.pieces, " pieces of kind ", m.plan,
+        ") does not fit the descriptor; it runs another dlasync, or "
+        "it does not describe its tensor honestly")));
   }
   if (with_bytes) {
     // The grant's data is piece 0 of its plan, checked as any piece is.
@@ -232,72 +336,6 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
     return on_piece_locked(only, data, length, param);
   }
   advance_locked();
-}
-
-void remote_import::fetched_locked() {
-  if (tracked_) core_->untrack_locked(request_id_);
-  tracked_ = false;
-  release_hold_locked();
-  if (std::chrono::steady_clock::now() > hold_end_) {
-    return fail_locked(absl::DeadlineExceededError(
-        absl::StrCat("lease ", descriptor_.lease_id,
-                     " ended while its bytes were moving, so they may have been released under the "
-                     "transfer; publish with a longer publish_options::lease")));
-  }
-  if (rkey_ != nullptr) ucp_rkey_destroy(std::exchange(rkey_, nullptr));
-  // The fetched bytes, owned by a buffer that returns the budget.
-  std::shared_ptr<memory_budget> budget = core_of(core_->rt()).budget();
-  const std::uint64_t held = std::exchange(budget_held_, 0);
-  void* data = buffer_.data();
-  device_buffer owned(host_, data, fetch_bytes_,
-                      [inner = std::move(buffer_), budget, held](void*, std::uint64_t) mutable {
-                        inner.reset();
-                        if (held != 0) budget->release(held);
-                      });
-  if (timeout_) timeout_->cancel();
-  if (layout_ == layout::compact && options_.target->kind == device_kind::cpu) {
-    return finish_locked(
-        tensor_factory::make_copy(std::move(owned), plan_.plan, descriptor_.shape));
-  }
-  asio::post(core_->executor(), [self = shared_from_this(), owned = std::move(owned)]() mutable {
-    self->land_locally(std::move(owned));
-  });
-}
-
-void remote_import::land_locally(device_buffer buffer) {
-  // The fetched bytes become a local tensor of host memory, imported onto
-  // the target as a compact copy: the staging pipeline for a GPU, the
-  // strided copy kernels for a span.
-  tensor_description desc;
-  desc.data = buffer.data();
-  desc.device = host_;
-  desc.dtype = descriptor_.type;
-  desc.shape = descriptor_.shape;
-  if (layout_ == layout::span) {
-    desc.strides = descriptor_.strides;
-    desc.byte_offset = plan_.plan.address - plan_.span_begin;
-  }
-  managed_tensor local = make_managed_tensor(
-      std::move(desc),
-      [b = std::make_shared<device_buffer>(std::move(buffer))]() mutable { b->reset(); });
-  import_options o;
-  o.target = options_.target;
-  o.copy = true;
-  o.require_contiguous = true;
-  o.require_writable = options_.require_writable;
-  o.min_alignment = options_.min_alignment;
-  o.consumer_stream = options_.consumer_stream;
-  async_import_dlpack(core_->rt(), local, o,
-                      [self = shared_from_this()](absl::StatusOr<tensor> result) mutable {
-                        std::lock_guard lock(self->core_->ucx().mutex());
-                        self->finish_locked(std::move(result));
-                        self->cleanup_locked();
-                      });
-  if (!local.empty()) {
-    // Refused before it started (it says why in the handler); the buffer
-    // goes with the handle.
-    local.reset();
-  }
 }
 
 void remote_import::fail_locked(absl::Status why) {
@@ -321,7 +359,7 @@ void remote_import::release_hold_locked() {
   hold_released_ = true;
   if (core_->stopping() || endpoint_ == nullptr || !endpoint_->failure.ok()) return;
   hold_release m;
-  m.lease_id = descriptor_.lease_id;
+  m.lease_id = lease_id_;
   m.hold_id = hold_id_;
   m.secret = secret_;
   core_->send_locked(endpoint_->ep, remote_detail::am_hold_release, &m, sizeof(m), true);
@@ -331,14 +369,14 @@ void remote_import::release_hold_locked() {
 void remote_import::cleanup_locked() {
   if (writes_in_flight_ > 0 || rma_issuing_) return;
   if (rkey_ != nullptr) ucp_rkey_destroy(std::exchange(rkey_, nullptr));
-  buffer_.reset();
+  for (member& m : members_) m.buffer.reset();
   if (budget_held_ != 0) {
     core_of(core_->rt()).budget()->release(std::exchange(budget_held_, 0));
   }
   if (timeout_) timeout_->cancel();
 }
 
-void remote_import::finish_locked(absl::StatusOr<tensor> result) {
+void remote_import::finish_locked(absl::StatusOr<std::vector<tensor>> result) {
   if (finished_) return;
   finished_ = true;
   if (!done_) {
@@ -436,6 +474,12 @@ void start(const std::shared_ptr<remote_import>& op,
            absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done,
            const remote_descriptor& descriptor, const import_options& options) {
   op->start(std::move(done), descriptor, options);
+}
+
+void start(const std::shared_ptr<remote_import>& op,
+           absl::AnyInvocable<void(absl::StatusOr<std::vector<tensor>>) &&> done,
+           const remote_bundle& bundle, const import_options& options) {
+  op->start(std::move(done), bundle, options);
 }
 
 void cancel(remote_import& op) {

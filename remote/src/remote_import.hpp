@@ -4,14 +4,18 @@
 // The bytes arrive as pieces the exporter sends (remote_fetch.cpp checks
 // each against the descriptor before it writes a byte), or, between
 // trusted peers, by RMA gets this import issues. Either way UCX writes into
-// `buffer_` until `writes_in_flight_` is 0: the buffer and its budget are
-// let go only then, or when the worker ends at shutdown.
+// the members' buffers until `writes_in_flight_` is 0: the buffers and their
+// budget are let go only then, or when the worker ends at shutdown.
+//
+// A bundle is one import of several members: one budget for all, one hold,
+// one release, every member's pieces in flight together.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ucp/api/ucp.h>
@@ -37,13 +41,17 @@ absl::StatusCode peer_code(std::int32_t code);
 
 class remote_import : public std::enable_shared_from_this<remote_import> {
  public:
-  using done_fn = absl::AnyInvocable<void(absl::StatusOr<tensor>) &&>;
+  // One tensor per member, in order.
+  using done_fn = absl::AnyInvocable<void(absl::StatusOr<std::vector<tensor>>) &&>;
 
   explicit remote_import(std::shared_ptr<remote_core> core);
   ~remote_import();
 
-  // Any thread, without the lock.
-  void start(done_fn done, const remote_descriptor& d, const import_options& options);
+  // Any thread, without the lock. One tensor, or a bundle's members (one
+  // hold for all).
+  void start(absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done, const remote_descriptor& d,
+             const import_options& options);
+  void start(done_fn done, const remote_bundle& b, const import_options& options);
   void cancel(absl::Status why);
   // The import timeout expired after `t`: ends this import, or, when nothing
   // came from the exporter meanwhile, the whole connection to it.
@@ -67,17 +75,38 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   bool writing() const noexcept { return writes_in_flight_ > 0 || rma_issuing_; }
 
  private:
-  // What lands in the buffer: the compact row-major bytes, or the span the
-  // strides reach (compacted here afterwards).
+  // What lands in a member's buffer: the compact row-major bytes, or the
+  // span the strides reach (compacted here afterwards).
   enum class layout : std::uint8_t { compact, span };
 
+  // One tensor of the import, with its own buffer and pieces.
+  struct member {
+    std::uint32_t index = 0;  // in the published bundle
+    remote_descriptor descriptor;
+    remote_detail::remote_plan plan;
+    layout lands = layout::compact;
+    std::uint64_t fetch_bytes = 0;
+    device_buffer buffer;
+    std::optional<remote_detail::piece_walk> walk;
+    std::vector<bool> piece_seen;
+  };
+
+  // Validates the members (each as one descriptor), then connects and asks
+  // for the budget.
+  // `refused`: the bundle's framing was refused already.
+  void begin(done_fn done, std::vector<member> members, bool bundle, const import_options& options,
+             absl::Status refused = absl::OkStatus());
+  // "lease L", or "member I of lease L" in a bundle: what messages name.
+  std::string name_of(std::size_t k) const;
   void on_budget(const absl::Status& granted);
   // The budget is held (budget_held_): allocates and asks for the hold.
   void budget_granted_locked();
   void request_hold_locked();
-  // The exporter's plan for the bytes, from its reply or its first piece:
-  // false when it does not fit the descriptor.
-  bool adopt_plan_locked(std::uint8_t plan, std::uint64_t count);
+  // The exporter's plan for member k's bytes, from its grant: false when
+  // it does not fit the member's descriptor.
+  bool adopt_plan_locked(std::size_t k, std::uint8_t plan, std::uint64_t count);
+  // A bundle's grant: every member's plan, from the grant's data.
+  bool adopt_plans_locked(const void* data, std::size_t length);
   // RMA (trusted peers): the gets this import issues (remote_fetch.cpp).
   void fetch_rma_locked();
   void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);
@@ -88,6 +117,10 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Goes on once every byte is in; or frees what is left after a failure.
   void advance_locked();
   void fetched_locked();
+  // Member k's fetched bytes, owned by a buffer that returns their budget.
+  device_buffer owned_locked(member& m);
+  // A landed member; the handler gets every tensor after the last.
+  void landed_locked(std::size_t k, absl::StatusOr<tensor> t);
   // Ends the import with `why` (consumed) unless it ended already, then
   // winds it down.
   void fail_locked(absl::Status why);
@@ -100,26 +133,28 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Frees the buffer, the budget and the remote key once nothing writes.
   void cleanup_locked();
   // Completes the handler once; later calls do nothing.
-  void finish_locked(absl::StatusOr<tensor> result);
-  void land_locally(device_buffer buffer);
+  void finish_locked(absl::StatusOr<std::vector<tensor>> result);
+  void land_locally(std::size_t k, device_buffer buffer);
 
   std::shared_ptr<remote_core> core_;
   done_fn done_;  // set by start
   bool finished_ = false;
   // The result of a cancel that came before start, which start delivers.
-  std::optional<absl::StatusOr<tensor>> unstarted_result_;
+  std::optional<absl::StatusOr<std::vector<tensor>>> unstarted_result_;
 
-  remote_descriptor descriptor_;
+  std::vector<member> members_;
+  bool bundle_ = false;  // asked for with a member list
+  std::uint64_t lease_id_ = 0;
   import_options options_;
-  remote_detail::remote_plan plan_;
-  device host_;  // where the fetched bytes land first
-  layout layout_ = layout::compact;
-  std::uint64_t fetch_bytes_ = 0;
+  device host_;                    // where the fetched bytes land first
+  std::uint64_t fetch_bytes_ = 0;  // all members'
+  // Landed members, when some land by a local import.
+  std::vector<tensor> landed_;
+  std::size_t landing_ = 0;
 
   budget_wait budget_wait_;
   bool budget_taken_ = false;  // a grant on its way that shutdown settled
   std::uint64_t budget_held_ = 0;
-  device_buffer buffer_;
 
   exporter_endpoint* endpoint_ = nullptr;
   std::uint64_t request_id_ = 0;
@@ -138,10 +173,11 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   ucp_rkey_h rkey_ = nullptr;
   bool rma_issuing_ = false;
   std::uint64_t rma_pending_ = 0;
-  std::optional<remote_detail::piece_walk> walk_;
-  std::vector<bool> piece_seen_;
+  // Pieces of every member: expected (the plans' sum), and written.
+  std::uint64_t pieces_expected_ = 0;
   std::uint64_t pieces_done_ = 0;
-  // Writes UCX may still make into buffer_.
+  std::size_t plans_adopted_ = 0;
+  // Writes UCX may still make into the members' buffers.
   std::uint64_t writes_in_flight_ = 0;
   absl::Status failure_;
   // Holds this import alive while UCX owns requests that point at it.

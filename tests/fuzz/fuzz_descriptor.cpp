@@ -1,10 +1,13 @@
-// libFuzzer target: remote descriptors as they arrive from another process
-// (untrusted bytes), through decode and the remote import's validation
-// (plan_remote), against a runtime with two host devices.
+// libFuzzer target: remote descriptors and bundles as they arrive from
+// another process (untrusted bytes), through decode and the remote import's
+// validation (plan_remote, each bundle member as one descriptor), against a
+// runtime with two host devices.
 //
 // What must hold for every input (else the target traps):
 //   - decode either refuses with InvalidArgument or OutOfRange, or gives a
-//     descriptor that encodes back to exactly the input;
+//     descriptor (a bundle) that encodes back to exactly the input, and a
+//     bundle's members have rising indices below the count published and
+//     the bundle's lease and exporter;
 //   - validation either refuses with an import_error that says "not
 //     consumed" and names a rule, or accepts a tensor whose every byte lies
 //     inside the region, with an exporter's address and port;
@@ -73,23 +76,9 @@ void check_pieces(const remote_descriptor& d, const remote_detail::remote_plan& 
   if (!remote_detail::piece_walk::fits(d, p, chosen)) fail("the chosen plan does not fit");
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
-  absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(bytes);
-  if (!d.ok()) {
-    if (d.status().code() != absl::StatusCode::kInvalidArgument &&
-        d.status().code() != absl::StatusCode::kOutOfRange) {
-      fail("decode refused with an unexpected code");
-    }
-    return 0;
-  }
-  if (d->encode() != bytes) fail("decode then encode is not the input");
-
-  // Options from the first byte: target, copy, layout requirements.
+// Validation of one decoded descriptor, with the options `knobs` picks.
+void check_validation(const remote_descriptor& d, std::uint8_t knobs) {
   import_options o;
-  const std::uint8_t knobs = size > 0 ? data[size - 1] : 0;
   if ((knobs & 1) != 0) o.target = device{device_kind::cpu, 1};
   if ((knobs & 2) != 0) o.copy = (knobs & 4) != 0;
   o.require_contiguous = (knobs & 8) != 0;
@@ -97,21 +86,63 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if ((knobs & 32) != 0) o.stream = static_cast<std::int64_t>(knobs);
 
   absl::StatusOr<remote_detail::remote_plan> plan =
-      remote_detail::plan_remote(*d, o, the_runtime().registry());
+      remote_detail::plan_remote(d, o, the_runtime().registry());
   if (!plan.ok()) {
     std::optional<import_error> why = import_error_of(plan.status());
     if (!why) fail("a refusal without an import_error");
     if (why->consumed) fail("a refusal that says consumed");
-    return 0;
+    return;
   }
   if (plan->plan.element_count > 0) {
-    if (plan->span_begin < d->region_begin) fail("span starts before the region");
-    if (plan->span_bytes > d->region_bytes ||
-        plan->span_begin - d->region_begin > d->region_bytes - plan->span_bytes) {
+    if (plan->span_begin < d.region_begin) fail("span starts before the region");
+    if (plan->span_bytes > d.region_bytes ||
+        plan->span_begin - d.region_begin > d.region_bytes - plan->span_bytes) {
       fail("span ends after the region");
     }
   }
-  if (d->exporter_address.empty() || d->exporter_port == 0) fail("accepted without an exporter");
-  check_pieces(*d, *plan);
+  if (d.exporter_address.empty() || d.exporter_port == 0) fail("accepted without an exporter");
+  check_pieces(d, *plan);
+}
+
+template <typename T>
+bool decoded(const absl::StatusOr<T>& d, std::string_view bytes) {
+  if (!d.ok()) {
+    if (d.status().code() != absl::StatusCode::kInvalidArgument &&
+        d.status().code() != absl::StatusCode::kOutOfRange) {
+      fail("decode refused with an unexpected code");
+    }
+    return false;
+  }
+  if (d->encode() != bytes) fail("decode then encode is not the input");
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  // Options from the last byte: target, copy, layout requirements.
+  const std::uint8_t knobs = size > 0 ? data[size - 1] : 0;
+  if (bytes.substr(0, 4) == "DLRB") {
+    // A bundle: each member is validated as one descriptor, and carries the
+    // bundle's lease and exporter.
+    absl::StatusOr<remote_bundle> b = remote_bundle::decode(bytes);
+    if (!decoded(b, bytes)) return 0;
+    if (b->members.empty() || b->members.size() > b->published) fail("members past published");
+    for (std::size_t i = 0; i < b->members.size(); ++i) {
+      const remote_bundle::member& m = b->members[i];
+      if (m.index >= b->published || (i > 0 && m.index <= b->members[i - 1].index)) {
+        fail("member indices that do not rise below published");
+      }
+      if (m.descriptor.lease_id != b->lease_id || m.descriptor.exporter_port != b->exporter_port) {
+        fail("a member without the bundle's lease and exporter");
+      }
+      check_validation(m.descriptor, knobs);
+    }
+    return 0;
+  }
+  absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(bytes);
+  if (!decoded(d, bytes)) return 0;
+  check_validation(*d, knobs);
   return 0;
 }

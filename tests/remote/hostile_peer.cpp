@@ -9,6 +9,13 @@
 //           <reply flags> <bytes with the reply>"
 //          (tamper: the digest of a descriptor whose shape was changed;
 //          flags: hold_request::flags, 1 to take the bytes with the grant)
+//   hold_members <hex bundle> <variant>
+//       -> the same answer as hold, for a bundle's hold request whose member
+//          list is: honest (every member), repeat (member 0 twice),
+//          descending, past_end (an index past the bundle), wrong_digest
+//          (member 0's), ragged (3 bytes more), empty (the flag, no list),
+//          too_many (one entry more than published), rendezvous (honest,
+//          but sent by rendezvous)
 //   release <lease> <hold_id> <secret> -> "sent"
 //   forge_releases <lease> <n>  -> "sent": n releases with guessed holds
 //   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
@@ -29,6 +36,11 @@
 //       garbage         a refusal with an unknown code and no NUL
 //       silent          no answer
 //       every_id        every active-message id back, no answer
+//       bundle_honest   a bundle's grant with each member's plan (one
+//                       whole piece of <bytes>), then each member's piece
+//       bundle_plans_short  the same grant, one member's plan short
+//       bundle_wrong_member  the honest grant, then a piece of a member
+//                       that was not asked for, then the honest pieces
 // quit -> "bye", exits 0. Options: --transports=<UCX_TLS list>.
 #include <unistd.h>
 
@@ -107,22 +119,26 @@ struct peer {
     absl::StatusOr<ucp_ep_h> ep = self->ucx->accept(request, nullptr, nullptr);
     if (ep.ok()) self->ep = *ep;
   }
-  static ucs_status_t on_request(void* arg, const void* header, std::size_t length, void*,
-                                 std::size_t, const ucp_am_recv_param_t* param) {
+  static ucs_status_t on_request(void* arg, const void* header, std::size_t length, void* data,
+                                 std::size_t data_length, const ucp_am_recv_param_t* param) {
     auto* self = static_cast<peer*>(arg);
     if (length != sizeof(hold_request) ||
-        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0) {
+        (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) == 0 ||
+        (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
       return UCS_OK;
     }
     hold_request m;
     std::memcpy(&m, header, sizeof(m));
-    self->answer(m, param->reply_ep);
+    // A bundle's request: how many members it lists.
+    const std::size_t members = data != nullptr ? data_length / sizeof(member_request) : 0;
+    self->answer(m, members, param->reply_ep);
     return UCS_OK;
   }
 
   void send(ucp_ep_h to, unsigned id, const void* header, std::size_t header_bytes,
-            const void* data, std::size_t data_bytes) {
+            const void* data, std::size_t data_bytes, bool rendezvous = false) {
     ucx_worker::am_message msg;
+    if (rendezvous) msg.carried_by = ucx_worker::am_message::protocol::rendezvous;
     msg.id = id;
     const auto* h = static_cast<const std::byte*>(header);
     msg.bytes.assign(h, h + header_bytes);
@@ -136,7 +152,7 @@ struct peer {
   }
 
   // Under the worker's lock (a UCX callback).
-  void answer(const hold_request& m, ucp_ep_h to) {
+  void answer(const hold_request& m, std::size_t members, ucp_ep_h to) {
     hold_reply r;
     r.request_id = m.request_id;
     piece p;
@@ -144,7 +160,28 @@ struct peer {
     p.plan = static_cast<std::uint8_t>(piece_plan::whole);
     p.count = 1;
     p.length = bytes;
-    if (mode == "huge_remaining") {
+    if (mode.rfind("bundle_", 0) == 0) {
+      // Every member asked for is one whole piece of `bytes`.
+      r.hold_id = 1;
+      r.secret = 2;
+      r.remaining_us = 10'000'000;
+      r.pieces = members;
+      member_plan one;
+      one.plan = p.plan;
+      one.pieces = 1;
+      std::vector<member_plan> plans(members, one);
+      const std::size_t plan_bytes =
+          members * sizeof(member_plan) - (mode == "bundle_plans_short" ? 8 : 0);
+      send(to, am_hold_reply, &r, sizeof(r), plans.data(), plan_bytes);
+      if (mode == "bundle_wrong_member") {  // first, before the honest ones
+        p.member = static_cast<std::uint32_t>(members);
+        send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
+      }
+      for (std::size_t k = 0; k < members; ++k) {
+        p.member = static_cast<std::uint32_t>(k);
+        send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
+      }
+    } else if (mode == "huge_remaining") {
       r.hold_id = 1;
       r.secret = 2;
       r.remaining_us = std::uint64_t{1} << 63;
@@ -197,6 +234,21 @@ struct peer {
     ucx->progress();
   }
 };
+
+// The answer to the hold request just sent, as `hold` and `hold_members`
+// report it, with the pieces' bytes that came within 100 ms of it.
+std::string awaited_reply(peer& p) {
+  for (int i = 0; i < 20000 && !p.replied; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!p.replied) return "no reply";
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pieces, if any
+  const hold_reply& r = p.reply;
+  return "reply " + std::to_string(r.code) + " " + std::to_string(r.hold_id) + " " +
+         std::to_string(r.secret) + " " + std::to_string(r.plan) + " " + std::to_string(r.pieces) +
+         " " + std::to_string(p.received.load()) + " " + std::to_string(r.flags) + " " +
+         std::to_string(p.with_reply.load());
+}
 
 }  // namespace
 
@@ -270,19 +322,50 @@ int main(int argc, char** argv) {
         p.send(p.ep, am_hold_request, &m, sizeof(m), nullptr, 0);
         p.ucx->progress();
       }
-      for (int i = 0; i < 20000 && !p.replied; ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      if (!p.replied) {
-        say("no reply");
+      say(awaited_reply(p));
+    } else if (command == "hold_members") {
+      std::string hex;
+      std::string variant;
+      in >> hex >> variant;
+      absl::StatusOr<remote_bundle> b = remote_bundle::decode(testing::from_hex(hex));
+      if (!b.ok()) {
+        say("error " + std::string(b.status().message()));
         continue;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pieces, if any
-      const hold_reply& r = p.reply;
-      say("reply " + std::to_string(r.code) + " " + std::to_string(r.hold_id) + " " +
-          std::to_string(r.secret) + " " + std::to_string(r.plan) + " " + std::to_string(r.pieces) +
-          " " + std::to_string(p.received.load()) + " " + std::to_string(r.flags) + " " +
-          std::to_string(p.with_reply.load()));
+      hold_request m;
+      m.flags = request_members;
+      m.lease_id = b->lease_id;
+      m.request_id = 78;
+      std::vector<member_request> list;
+      for (const remote_bundle::member& member : b->members) {
+        member_request r;
+        r.index = member.index;
+        r.digest = description_digest(member.descriptor);
+        list.push_back(r);
+      }
+      if (variant == "repeat") list.insert(list.begin() + 1, list.front());
+      if (variant == "descending") std::swap(list.front(), list.back());
+      if (variant == "past_end") list.back().index = b->published;
+      if (variant == "wrong_digest") list.front().digest ^= 1;
+      if (variant == "empty") list.clear();
+      if (variant == "too_many") {
+        member_request more = list.back();
+        more.index = b->published;
+        list.push_back(more);
+      }
+      std::string bytes(reinterpret_cast<const char*>(list.data()),
+                        list.size() * sizeof(member_request));
+      if (variant == "ragged") bytes += "xyz";
+      p.replied = false;
+      p.received = 0;
+      p.with_reply = 0;
+      {
+        std::lock_guard lock(p.ucx->mutex());
+        p.send(p.ep, am_hold_request, &m, sizeof(m), bytes.data(), bytes.size(),
+               variant == "rendezvous");
+        p.ucx->progress();
+      }
+      say(awaited_reply(p));
     } else if (command == "release") {
       hold_release m;
       in >> m.lease_id >> m.hold_id >> m.secret;

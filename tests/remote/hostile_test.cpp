@@ -450,3 +450,105 @@ TEST_CASE("a node's listener takes at most max_connections importers at once",
 }
 
 }  // namespace dlasync
+
+namespace dlasync {
+
+TEST_CASE("a bundle's hold request is checked member by member before anything is granted",
+          "[remote][hostile][bundle]") {
+  auto peer = start_peer("tcp");
+  std::optional<std::string> line = peer->ask(
+      "publish_bundle 1:8:1 contiguous:4096,"
+      "contiguous:8192,contiguous:100 1 20000 5");
+  REQUIRE(line);
+  REQUIRE(line->rfind("bundle ", 0) == 0);
+  const std::string bundle_hex = line->substr(7);
+  const remote_bundle b = *remote_bundle::decode(testing::from_hex(bundle_hex));
+  auto hostile = start_hostile("tcp");
+  connect(*hostile, b.members[0].descriptor);
+  // Each refusal names what is wrong, and grants nothing: InvalidArgument (3).
+  for (const auto& [variant, words] :
+       std::vector<std::pair<std::string, std::string>>{{"repeat", "reply 3 "},
+                                                        {"descending", "reply 3 "},
+                                                        {"past_end", "reply 3 "},
+                                                        {"wrong_digest", "reply 3 "},
+                                                        {"ragged", "reply 3 "},
+                                                        {"empty", "reply 3 "},
+                                                        {"too_many", "reply 3 "},
+                                                        {"rendezvous", "reply 3 "}}) {
+    INFO(variant);
+    std::string command = "hold_members " + bundle_hex;
+    command += " " + variant;
+    REQUIRE_THAT(*hostile->ask(command), Catch::StartsWith(words));
+  }
+  REQUIRE(peer_count(*peer, "deleted") == 0);
+  // The honest list is granted, and every member's bytes come.
+  std::optional<std::string> granted = hostile->ask("hold_members " + bundle_hex + " honest");
+  REQUIRE(granted);
+  std::istringstream reply(*granted);
+  std::string word;
+  int code = -1;
+  std::uint64_t hold_id = 0, secret = 0, plan = 0, pieces = 0, received = 0;
+  reply >> word >> code >> hold_id >> secret >> plan >> pieces >> received;
+  REQUIRE(code == 0);
+  REQUIRE(pieces == 3);
+  REQUIRE(received == 4096 + 8192 + 100);
+  REQUIRE(hostile->ask("release " + std::to_string(b.lease_id) + " " + std::to_string(hold_id) +
+                       " " + std::to_string(secret)) == "sent");
+  REQUIRE(peer_reaches(*peer, "deleted", 3));
+  REQUIRE(hostile->ask("quit") == "bye");
+  REQUIRE(peer->ask("quit") == "bye 3");
+}
+
+TEST_CASE("a hostile exporter's bundle grant and pieces are checked before they are used",
+          "[remote][hostile][bundle]") {
+  auto hostile = start_hostile();
+  auto in = make_importer("");
+  auto bundle_at = [](std::uint16_t port) {
+    remote_bundle b;
+    b.lease_id = 1;
+    b.exporter_address = "127.0.0.1";
+    b.exporter_port = port;
+    b.published = 2;
+    for (std::uint32_t i = 0; i < 2; ++i) {
+      remote_bundle::member m;
+      m.index = i;
+      m.descriptor = at_hostile_exporter(port, 4096);
+      b.members.push_back(m);
+    }
+    return b;
+  };
+  auto import_bundle = [&](std::uint16_t port) {
+    std::future<absl::StatusOr<std::vector<tensor>>> f =
+        async_import_remote_bundle(*in->node, bundle_at(port), {}, asio::use_future);
+    REQUIRE(f.wait_for(60s) == std::future_status::ready);
+    return f.get();
+  };
+  SECTION("an honest grant and pieces: both members arrive") {
+    absl::StatusOr<std::vector<tensor>> t =
+        import_bundle(hostile_listens(*hostile, "bundle_honest", 4096));
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    const std::vector<unsigned char> sent = testing::pseudo_random(4096, 11);
+    for (const tensor& member : *t) {
+      REQUIRE(std::memcmp(member.data(), sent.data(), sent.size()) == 0);
+    }
+  }
+  SECTION("a grant whose plans do not cover every member: refused") {
+    absl::StatusOr<std::vector<tensor>> t =
+        import_bundle(hostile_listens(*hostile, "bundle_plans_short", 4096));
+    REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(t.status().message()),
+                 Catch::Contains("not a plan for each of its 2"));
+  }
+  SECTION("a piece of a member that was not asked for: refused, never written") {
+    absl::StatusOr<std::vector<tensor>> t =
+        import_bundle(hostile_listens(*hostile, "bundle_wrong_member", 4096));
+    REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(t.status().message()), Catch::Contains("of member 2"));
+  }
+  REQUIRE(testing::eventually([&] { return testing::copy_budget(*in->rt).in_use() == 0; }));
+  in.reset();
+  REQUIRE(hostile->ask("quit") == "bye");
+}
+
+}  // namespace dlasync

@@ -11,6 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include "asio/bind_cancellation_slot.hpp"
+#include "asio/bind_executor.hpp"
+#include "asio/cancellation_signal.hpp"
+#include "asio/executor_work_guard.hpp"
+#include "asio/io_context.hpp"
+#include "asio/post.hpp"
+#include "asio/strand.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
@@ -149,8 +156,11 @@ inline std::unique_ptr<published_tensor> publish_here(remote_node& node, const s
   return p;
 }
 
-inline void require_refused(const absl::StatusOr<tensor>& t, absl::StatusCode code,
-                            const std::string& rule, const std::string& words) {
+// A refusal with `code`, `words` in its message and the import_error's
+// `rule`; of one tensor or of a bundle.
+template <typename Result>
+void require_refused(const absl::StatusOr<Result>& t, absl::StatusCode code,
+                     const std::string& rule, const std::string& words) {
   INFO(t.status().ToString());
   REQUIRE_FALSE(t.ok());
   REQUIRE(t.status().code() == code);
@@ -159,5 +169,46 @@ inline void require_refused(const absl::StatusOr<tensor>& t, absl::StatusCode co
   REQUIRE(why);
   REQUIRE(why->rule == rule);
 }
+
+// Cancels imports at chosen moments. Asio's rule: a cancellation signal is
+// emitted on the handler's executor, never beside the handler's own
+// completion (which clears the slot). The handler runs on a strand, and the
+// emit is posted to it.
+class canceller {
+ public:
+  canceller() : work_(asio::make_work_guard(io_)), strand_(asio::make_strand(io_)) {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~canceller() {
+    work_.reset();
+    thread_.join();
+  }
+  // `start(token)` starts an import with the completion token it is given;
+  // the import is cancelled (terminal) `delay` later, and its result
+  // returned once the emit has run too.
+  template <typename Result, typename Start>
+  absl::StatusOr<Result> cancelled_after(std::chrono::microseconds delay, Start start) {
+    asio::cancellation_signal signal;
+    std::promise<absl::StatusOr<Result>> got;
+    start(asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(strand_, [&got](auto r) {
+                                         got.set_value(std::move(r));
+                                       })));
+    std::this_thread::sleep_for(delay);
+    asio::post(strand_, [&signal] { signal.emit(asio::cancellation_type::terminal); });
+    std::future<absl::StatusOr<Result>> f = got.get_future();
+    REQUIRE(f.wait_for(30s) == std::future_status::ready);
+    // The emit has run too before `signal` goes (the strand runs in order).
+    std::promise<void> drained;
+    asio::post(strand_, [&drained] { drained.set_value(); });
+    drained.get_future().wait();
+    return f.get();
+  }
+
+ private:
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::strand<asio::io_context::executor_type> strand_;
+  std::thread thread_;
+};
 
 }  // namespace dlasync

@@ -5,6 +5,9 @@
 //       -> "descriptor <hex>" | "error <code> <message>"
 //   publish_many <n> <code>:<bits>:<lanes> <layout> <shape> <lease_ms>
 //       -> n lines "descriptor <hex>" (seeds 0..n-1)
+//   publish_bundle <code>:<bits>:<lanes> <layout>:<shape>[,<layout>:<shape>...]
+//                  <importers> <lease_ms> <seed>
+//       -> "bundle <hex>" (member i laid out with seed + i) | "error <code> <message>"
 //   deleted        -> "deleted <producer deleters run so far>"
 //   publications   -> "publications <n>"
 //   import <hex>   -> "started", later "imported ok" | "imported <code> <message>"
@@ -29,6 +32,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "dlasync/dlasync.hpp"
 #include "dlasync/remote.hpp"
@@ -60,9 +64,9 @@ dtype parse_dtype(const std::string& s) {
                static_cast<std::uint16_t>(lanes)};
 }
 
-std::string publish(remote_node& node, const dtype& type, const std::string& layout,
-                    const std::vector<std::int64_t>& shape, std::uint32_t importers, long lease_ms,
-                    unsigned seed) {
+// A tensor of the pattern, whose deleter counts.
+managed_tensor laid_out_tensor(const dtype& type, const std::string& layout,
+                               const std::vector<std::int64_t>& shape, unsigned seed) {
   auto memory = std::make_shared<testing::laid_out>(
       testing::lay_out(layout, shape, type.padded_size(), seed));
   tensor_description d;
@@ -71,19 +75,48 @@ std::string publish(remote_node& node, const dtype& type, const std::string& lay
   d.shape = memory->shape;
   d.strides = memory->strides;
   d.byte_offset = memory->byte_offset;
-  managed_tensor t = make_managed_tensor(std::move(d), [memory]() mutable {
+  return make_managed_tensor(std::move(d), [memory]() mutable {
     memory.reset();
     deleted.fetch_add(1);
   });
+}
+
+publish_options lease_of(std::uint32_t importers, long lease_ms) {
   publish_options o;
   o.importers = importers;
   o.lease = std::chrono::milliseconds(lease_ms);
-  absl::StatusOr<remote_descriptor> r = node.publish(t, o);
+  return o;
+}
+
+template <typename T>
+std::string answer(const absl::StatusOr<T>& r, const std::string& what) {
   if (!r.ok()) {
     return "error " + std::to_string(static_cast<int>(r.status().code())) + " " +
            std::string(r.status().message());
   }
-  return "descriptor " + testing::to_hex(r->encode());
+  return what + " " + testing::to_hex(r->encode());
+}
+
+std::string publish(remote_node& node, const dtype& type, const std::string& layout,
+                    const std::vector<std::int64_t>& shape, std::uint32_t importers, long lease_ms,
+                    unsigned seed) {
+  managed_tensor t = laid_out_tensor(type, layout, shape, seed);
+  return answer(node.publish(t, lease_of(importers, lease_ms)), "descriptor");
+}
+
+// Members as "<layout>:<shape>,...".
+std::string publish_bundle(remote_node& node, const dtype& type, const std::string& members,
+                           std::uint32_t importers, long lease_ms, unsigned seed) {
+  std::vector<managed_tensor> sources;
+  std::istringstream list(members);
+  std::string one;
+  while (std::getline(list, one, ',')) {
+    const std::size_t colon = one.find(':');
+    sources.push_back(laid_out_tensor(type, one.substr(0, colon),
+                                      testing::parse_shape(one.substr(colon + 1)),
+                                      seed + static_cast<unsigned>(sources.size())));
+  }
+  return answer(node.publish_bundle(sources, lease_of(importers, lease_ms)), "bundle");
 }
 
 }  // namespace
@@ -127,6 +160,13 @@ int main(int argc, char** argv) {
       in >> type >> layout >> shape >> importers >> lease_ms >> seed;
       say(publish(**node, parse_dtype(type), layout, testing::parse_shape(shape), importers,
                   lease_ms, seed));
+    } else if (command == "publish_bundle") {
+      std::string type, members;
+      std::uint32_t importers = 1;
+      long lease_ms = 0;
+      unsigned seed = 0;
+      in >> type >> members >> importers >> lease_ms >> seed;
+      say(publish_bundle(**node, parse_dtype(type), members, importers, lease_ms, seed));
     } else if (command == "publish_many") {
       int n = 0;
       std::string type, layout, shape;

@@ -157,13 +157,7 @@ TEST_CASE("a cancelled remote import ends with Cancelled, frees its memory and r
           "[remote][ucx]") {
   auto peer = start_peer("tcp");
   auto in = make_importer("tcp");
-  // Asio's rule: a cancellation signal is emitted on the handler's executor,
-  // never beside the handler's own completion (which clears the slot). The
-  // handler runs on a strand, and the emit is posted to it.
-  asio::io_context io;
-  auto work = asio::make_work_guard(io);
-  std::thread io_thread([&io] { io.run(); });
-  auto strand = asio::make_strand(io);
+  canceller cancel;
   int published = 0;
   int cancelled = 0;
   for (int delay_us : {0, 200, 2000, 20000, 100000}) {
@@ -171,30 +165,15 @@ TEST_CASE("a cancelled remote import ends with Cancelled, frees its memory and r
     remote_descriptor d = descriptor_from(
         peer->ask("publish " + dtype_arg(dtypes::float32) + " contiguous 4096x4096 1 5000 3"));
     ++published;
-    asio::cancellation_signal signal;
-    std::promise<absl::StatusOr<tensor>> got;
-    async_import_remote(
-        *in->node, d, {},
-        asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(strand, [&got](auto r) {
-                                       got.set_value(std::move(r));
-                                     })));
-    std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-    asio::post(strand, [&signal] { signal.emit(asio::cancellation_type::terminal); });
-    std::future<absl::StatusOr<tensor>> f = got.get_future();
-    REQUIRE(f.wait_for(30s) == std::future_status::ready);
-    // The emit has run too before `signal` goes (the strand runs in order).
-    std::promise<void> drained;
-    asio::post(strand, [&drained] { drained.set_value(); });
-    drained.get_future().wait();
-    absl::StatusOr<tensor> t = f.get();
+    absl::StatusOr<tensor> t = cancel.cancelled_after<tensor>(
+        std::chrono::microseconds(delay_us),
+        [&](auto token) { async_import_remote(*in->node, d, {}, std::move(token)); });
     // Either the bytes had all arrived, or the import stopped.
     if (!t.ok()) {
       ++cancelled;
       REQUIRE(t.status().code() == absl::StatusCode::kCancelled);
     }
   }
-  work.reset();
-  io_thread.join();
   REQUIRE(cancelled > 0);
   // Every hold is released (or its lease ends), every producer freed once.
   REQUIRE(peer_reaches(*peer, "deleted", published));

@@ -19,6 +19,10 @@
 // own record of the tensor; an importer never names an address it reads
 // (docs/security.md).
 //
+// Bundles. `publish_bundle` publishes several tensors under one lease
+// (a `remote_bundle`), and `async_import_remote_bundle` fetches them (or a
+// selection) with one hold, every member's bytes in flight together.
+//
 // Importing. `async_import_remote` (and the awaitable `import_remote`)
 // validates a descriptor exactly as a local import validates a tensor,
 // connects to the exporter, asks for a hold on the lease, receives the
@@ -45,6 +49,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -140,6 +145,58 @@ struct remote_descriptor {
   // byte; OutOfRange for ndim above max_ndim or a blob above
   // max_blob_bytes. The description itself is checked by the import.
   static absl::StatusOr<remote_descriptor> decode(std::string_view bytes);
+};
+
+// `dlasync::remote_bundle` names several tensors published together under
+// one lease (remote_node::publish_bundle): one hold, every member's bytes
+// in flight together, one release. Its members are remote descriptors
+// whose lease and exporter are the bundle's; each keeps its index in the
+// published bundle, so that a bundle of some members (`select`) asks the
+// exporter for exactly those. `encode` writes the lease and the exporter
+// once, then each member's description; `decode` checks the framing as
+// remote_descriptor::decode does, and that the indices rise and lie below
+// `published`. async_import_remote_bundle fetches them.
+//
+// Example:
+//
+//   absl::StatusOr<dlasync::remote_bundle> b = node.publish_bundle(sources);
+//   channel.send(b->encode());
+//   ...
+//   absl::StatusOr<dlasync::remote_bundle> r = dlasync::remote_bundle::decode(bytes);
+//   absl::StatusOr<std::vector<dlasync::tensor>> ts =
+//       co_await dlasync::import_remote_bundle(node, *r);
+//
+// Thread safety: a value type, as remote_descriptor.
+struct remote_bundle {
+  static constexpr std::uint16_t format_version = 1;
+  // The most tensors one bundle holds (publish_bundle and decode refuse more).
+  static constexpr std::uint32_t max_members = 4096;
+
+  struct member {
+    // The member's place among the tensors published under the lease.
+    std::uint32_t index = 0;
+    // Its description; lease_id, exporter_address and exporter_port are the
+    // bundle's (decode sets them, the import refuses others), rkey is empty.
+    remote_descriptor descriptor;
+  };
+
+  std::uint64_t lease_id = 0;
+  std::string exporter_address;
+  std::uint16_t exporter_port = 0;
+  // How many tensors the exporter published under the lease.
+  std::uint32_t published = 0;
+  // In rising order of index, at least one.
+  std::vector<member> members;
+
+  std::string encode() const;
+  // InvalidArgument for malformed bytes (as remote_descriptor::decode, and
+  // no members, indices that do not rise or lie past `published`, naming
+  // the member); OutOfRange above max_members or max_ndim.
+  static absl::StatusOr<remote_bundle> decode(std::string_view bytes);
+  // The bundle of the members at `positions` of this one (positions into
+  // `members`, not indices): OutOfRange for a position past the end,
+  // InvalidArgument for none or a repeat.
+  absl::StatusOr<remote_bundle> select(const std::vector<std::size_t>& positions) const;
 };
 
 // How an importer moves the bytes (see docs/remote.md).
@@ -247,6 +304,17 @@ class remote_node {
                                             const publish_options& options = {});
   absl::StatusOr<remote_descriptor> publish(const tensor& source,
                                             const publish_options& options = {});
+  // Publishes `sources` (at least one, at most remote_bundle::max_members)
+  // together under one lease, each validated as publish validates one; any
+  // refusal refuses them all, naming the member, and consumes none. On
+  // success every managed tensor is consumed (the handles are left empty);
+  // each producer's deleter runs once when the lease ends, as for one
+  // tensor. Between trusted peers a bundle's members are not registered for
+  // RMA: importers take the exporter's pieces.
+  absl::StatusOr<remote_bundle> publish_bundle(std::span<managed_tensor> sources,
+                                               const publish_options& options = {});
+  absl::StatusOr<remote_bundle> publish_bundle(std::span<const tensor> sources,
+                                               const publish_options& options = {});
 
   // Publications whose producer has not been released yet.
   std::size_t publications() const;
@@ -306,10 +374,31 @@ auto async_import_remote(remote_node& node, const remote_descriptor& descriptor,
       detail::initiate_remote_import{&node, &node.get_runtime()}, token, descriptor, options);
 }
 
+// Fetches the members of `bundle` from their exporter with one hold, every
+// member's bytes in flight together, and one release, and lands each on
+// `options.target`: completion signature
+// void(absl::StatusOr<std::vector<dlasync::tensor>>), the tensors in the
+// order of bundle.members. Every member is validated before anything moves,
+// as async_import_remote validates one descriptor; a refusal of any member
+// (here, or by the exporter) refuses the whole import, and its message
+// names the member. Failures in flight, cancellation and timeouts end the
+// whole import, as for one tensor. remote_fetch::rma is refused
+// (FailedPrecondition): a bundle's bytes come as the exporter's pieces.
+template <ASIO_COMPLETION_TOKEN_FOR(void(absl::StatusOr<std::vector<tensor>>))
+              CompletionToken = dlasync::detail::default_token_t<runtime::executor_type>>
+auto async_import_remote_bundle(remote_node& node, const remote_bundle& bundle,
+                                const remote_import_options& options = {},
+                                CompletionToken&& token = CompletionToken()) {
+  return asio::async_initiate<CompletionToken, void(absl::StatusOr<std::vector<tensor>>)>(
+      detail::initiate_remote_import{&node, &node.get_runtime()}, token, bundle, options);
+}
+
 #if defined(ASIO_HAS_CO_AWAIT)
 // The same, awaited: validation happens when it is awaited.
 [[nodiscard]] asio::awaitable<absl::StatusOr<tensor>> import_remote(
     remote_node& node, remote_descriptor descriptor, remote_import_options options = {});
+[[nodiscard]] asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_bundle(
+    remote_node& node, remote_bundle bundle, remote_import_options options = {});
 #endif
 
 }  // namespace dlasync

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
@@ -17,6 +18,7 @@
 
 namespace dlasync {
 struct remote_descriptor;
+struct remote_bundle;
 class remote_node;
 }  // namespace dlasync
 
@@ -34,6 +36,10 @@ std::shared_ptr<remote_import> make_remote_import(remote_node& node);
 void start(const std::shared_ptr<remote_import>& op,
            absl::AnyInvocable<void(absl::StatusOr<tensor>) &&> done,
            const remote_descriptor& descriptor, const import_options& options);
+// The same for the members of `bundle`, with one result for all.
+void start(const std::shared_ptr<remote_import>& op,
+           absl::AnyInvocable<void(absl::StatusOr<std::vector<tensor>>) &&> done,
+           const remote_bundle& bundle, const import_options& options);
 // Stops the import if it has not finished; any thread, any number of times,
 // also before it starts.
 void cancel(remote_import& op);
@@ -47,6 +53,13 @@ struct initiate_remote_import {
                   const import_options& options) const {
     launch<absl::StatusOr<tensor>>(std::forward<Handler>(handler), *rt, make_remote_import(*node),
                                    descriptor, options);
+  }
+
+  template <typename Handler>
+  void operator()(Handler&& handler, const remote_bundle& bundle,
+                  const import_options& options) const {
+    launch<absl::StatusOr<std::vector<tensor>>>(std::forward<Handler>(handler), *rt,
+                                                make_remote_import(*node), bundle, options);
   }
 };
 
