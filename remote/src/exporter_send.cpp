@@ -143,37 +143,151 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
     plans.push_back(plan_of(member));
     r.pieces += remote_detail::piece_walk(member.description, member.plan, plans.back()).count();
   }
-  // One tensor: its plan in the grant. A bundle's members each bring theirs
-  // with their first piece.
-  if (!listed) {
-    r.plan = static_cast<std::uint8_t>(plans[0]);
-    const published_member& only = pub.members[0];
-    const remote_detail::piece_walk walk(only.description, only.plan, plans[0]);
-    if ((m.flags & remote_detail::request_bytes_with_grant) != 0 && m.send_bytes == 1 &&
-        plans[0] != piece_plan::gathered && walk.count() == 1 &&
-        walk.at(0).length <= remote_detail::max_bytes_with_grant) {
-      return grant_with_bytes_locked(it, r, walk.at(0), ep);
-    }
+  if (listed) return grant_bundle_locked(it, r, m, *asked, plans, ep);
+  // One tensor: its plan in the grant, and its bytes too when small.
+  r.plan = static_cast<std::uint8_t>(plans[0]);
+  const published_member& only = pub.members[0];
+  const remote_detail::piece_walk walk(only.description, only.plan, plans[0]);
+  if ((m.flags & remote_detail::request_bytes_with_grant) != 0 && m.send_bytes == 1 &&
+      plans[0] != piece_plan::gathered && walk.count() == 1 &&
+      walk.at(0).length <= remote_detail::max_bytes_with_grant) {
+    return grant_with_bytes_locked(it, r, walk.at(0), ep);
   }
+  grant_hold_locked(pub, r, ep);
+  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
+  send_member_locked(pub, 0, 0, m.request_id, ep, plans[0]);
+  ucx_->progress();
+}
+
+void remote_core::grant_hold_locked(publication& pub, hold_reply& r, ucp_ep_h ep) {
   const std::uint64_t hold_id = ++pub.last_hold;
   const std::uint64_t secret = remote_detail::random_u64();
   pub.holds.emplace(hold_id, hold{secret, ep});
   r.hold_id = hold_id;
   r.secret = secret;
-  std::string sent_plans;  // a bundle's: how each member is sent
-  if (listed) {
-    sent_plans.resize(asked->size() * sizeof(remote_detail::member_plan));
-    for (std::size_t k = 0; k < asked->size(); ++k) {
-      const published_member& member = pub.members[(*asked)[k]];
-      remote_detail::member_plan mp;
-      mp.plan = static_cast<std::uint8_t>(plans[k]);
-      mp.pieces = remote_detail::piece_walk(member.description, member.plan, plans[k]).count();
-      std::memcpy(sent_plans.data() + k * sizeof(mp), &mp, sizeof(mp));
+}
+
+namespace {
+
+// Appends `value`'s bytes to `out`.
+template <typename T>
+void append(std::vector<std::byte>& out, const T& value) {
+  const auto* b = reinterpret_cast<const std::byte*>(&value);
+  out.insert(out.end(), b, b + sizeof(T));
+}
+
+}  // namespace
+
+void remote_core::grant_bundle_locked(std::map<std::uint64_t, publication>::iterator it,
+                                      hold_reply& r, const hold_request& m,
+                                      const std::vector<std::uint32_t>& asked,
+                                      const std::vector<piece_plan>& plans, ucp_ep_h ep) {
+  publication& pub = it->second;
+  // Each member's plan, for the grant; and the members of one piece, whole
+  // or dense, which can go packed (`sources`: where their bytes are).
+  std::vector<remote_detail::member_plan> table(asked.size());
+  std::vector<remote_detail::packed_entry> packable;
+  std::vector<std::uint64_t> sources;
+  std::uint64_t one_piece_bytes = 0;
+  bool all_one_piece = true;
+  for (std::size_t k = 0; k < asked.size(); ++k) {
+    const published_member& member = pub.members[asked[k]];
+    const remote_detail::piece_walk walk(member.description, member.plan, plans[k]);
+    table[k].plan = static_cast<std::uint8_t>(plans[k]);
+    table[k].pieces = walk.count();
+    if (walk.count() == 0) continue;
+    if ((plans[k] != piece_plan::whole && plans[k] != piece_plan::dense) || walk.count() != 1) {
+      all_one_piece = false;
+      continue;
     }
+    remote_detail::packed_entry e;
+    e.member = static_cast<std::uint32_t>(k);
+    e.plan = table[k].plan;
+    e.length = walk.at(0).length;
+    packable.push_back(e);
+    sources.push_back(walk.at(0).source);
+    one_piece_bytes += e.length;
   }
-  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true, sent_plans);
-  for (std::size_t k = 0; k < asked->size(); ++k) {
-    send_member_locked(pub, (*asked)[k], static_cast<std::uint32_t>(k), m.request_id, ep, plans[k]);
+  // Every member in the grant, as a small single tensor is: one round trip.
+  const bool with_bytes = (m.flags & remote_detail::request_bytes_with_grant) != 0 &&
+                          all_one_piece && !packable.empty() &&
+                          one_piece_bytes <= remote_detail::max_bytes_with_grant;
+  if (!with_bytes) {
+    // Else only the small members go packed; the others apart.
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < packable.size(); ++i) {
+      if (packable[i].length > remote_detail::max_packed_piece) continue;
+      packable[kept] = packable[i];
+      sources[kept] = sources[i];
+      ++kept;
+    }
+    packable.resize(kept);
+    sources.resize(kept);
+  }
+  // Appends the packed message of packable[first, last) to `out`.
+  auto pack = [&](std::vector<std::byte>& out, std::size_t first, std::size_t last) {
+    remote_detail::packed header;
+    header.entries = static_cast<std::uint32_t>(last - first);
+    header.request_id = m.request_id;
+    for (std::size_t i = first; i < last; ++i) header.bytes += packable[i].length;
+    append(out, header);
+    for (std::size_t i = first; i < last; ++i) append(out, packable[i]);
+    for (std::size_t i = first; i < last; ++i) {
+      const std::uintptr_t address = sources[i];
+      // NOLINTNEXTLINE(performance-no-int-to-ptr): inside the published tensor
+      const auto* from = reinterpret_cast<const std::byte*>(address);
+      out.insert(out.end(), from, from + packable[i].length);
+    }
+  };
+  std::vector<std::byte> grant;
+  grant.reserve(sizeof(r) + table.size() * sizeof(table[0]) +
+                (with_bytes
+                     ? sizeof(remote_detail::packed) +
+                           packable.size() * sizeof(remote_detail::packed_entry) + one_piece_bytes
+                     : 0));
+  if (with_bytes) {
+    // Every member in the grant: the hold ends with it, no release follows.
+    r.flags = remote_detail::reply_bytes_with_grant;
+  } else {
+    grant_hold_locked(pub, r, ep);
+  }
+  append(grant, r);
+  for (const remote_detail::member_plan& p : table) append(grant, p);
+  if (with_bytes) pack(grant, 0, packable.size());
+  send_built_locked(ep, remote_detail::am_hold_reply, std::move(grant), sizeof(r));
+  if (with_bytes) {
+    // The bytes were copied into the message: nothing reads the memory.
+    if (++pub.releases >= pub.importers) {
+      retire_locked(it);
+      drop_retired_locked();
+    }
+    ucx_->progress();
+    return;
+  }
+  // The small members, as many to a message as fit; the others apart.
+  for (std::size_t first = 0; first < packable.size();) {
+    std::size_t last = first;
+    std::uint64_t bytes = 0;
+    while (last < packable.size() &&
+           (last == first || bytes + sizeof(packable[last]) + packable[last].length <=
+                                 remote_detail::max_packed_bytes)) {
+      bytes += sizeof(packable[last]) + packable[last].length;
+      ++last;
+    }
+    std::vector<std::byte> message;
+    message.reserve(sizeof(remote_detail::packed) + bytes);
+    pack(message, first, last);
+    send_built_locked(ep, remote_detail::am_packed, std::move(message),
+                      sizeof(remote_detail::packed));
+    first = last;
+  }
+  std::size_t next_packed = 0;
+  for (std::size_t k = 0; k < asked.size(); ++k) {
+    if (next_packed < packable.size() && packable[next_packed].member == k) {
+      ++next_packed;
+      continue;
+    }
+    send_member_locked(pub, asked[k], static_cast<std::uint32_t>(k), m.request_id, ep, plans[k]);
   }
   ucx_->progress();
 }

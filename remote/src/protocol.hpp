@@ -24,8 +24,12 @@
 // exporter refuses the whole hold when any member is unknown or described
 // otherwise, naming it; else it grants one hold and sends every member's
 // pieces at once, each piece naming its member by its place in the list.
-// The grant says how each member is sent (member_plan). One release ends
-// the hold.
+// The grant says how each member is sent (member_plan). Small members go
+// packed, several in one message (packed). Where every member is one piece
+// and all of them come to at most max_bytes_with_grant bytes, and the
+// importer offered to take the bytes with the grant, they go packed in the
+// grant itself, and the hold ends with it. Otherwise one release ends the
+// hold.
 //
 // Where both nodes trust their peers (remote_node_options::trusted_peers)
 // and the descriptor carries a remote key, the importer may instead read
@@ -63,6 +67,7 @@ inline constexpr unsigned am_hold_request = 0x4c01;
 inline constexpr unsigned am_hold_reply = 0x4c02;
 inline constexpr unsigned am_hold_release = 0x4c03;
 inline constexpr unsigned am_piece = 0x4c04;
+inline constexpr unsigned am_packed = 0x4c05;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
 inline constexpr std::uint16_t protocol_version = 3;
@@ -128,6 +133,28 @@ struct member_plan {
   std::uint8_t reserved[7] = {};
   std::uint64_t pieces = 0;
 };
+
+// Several members' only pieces in one message (members of one piece, whole
+// or dense, of at most max_packed_piece bytes, or in a grant with its bytes
+// any such members): the data is `entries`
+// packed_entry records, then their bytes back to back in the records'
+// order, `bytes` of them, sent eagerly. In a bundle's grant with its bytes
+// (reply_bytes_with_grant), this header and its data follow the plans.
+struct packed {
+  std::uint32_t magic = protocol_magic;
+  std::uint32_t entries = 0;
+  std::uint64_t request_id = 0;
+  std::uint64_t bytes = 0;
+};
+struct packed_entry {
+  std::uint32_t member = 0;  // its place in the request's list
+  std::uint8_t plan = 0;     // the member's piece_plan: whole or dense
+  std::uint8_t reserved[3] = {};
+  std::uint64_t length = 0;
+};
+inline constexpr std::uint64_t max_packed_piece = std::uint64_t{16} << 10;
+// The most data (records and bytes) one packed message carries.
+inline constexpr std::uint64_t max_packed_bytes = std::uint64_t{64} << 10;
 
 struct hold_reply {
   std::uint32_t magic = protocol_magic;

@@ -57,6 +57,7 @@ absl::Status remote_core::start() {
         {remote_detail::am_hold_reply, &remote_core::on_am_reply},
         {remote_detail::am_hold_release, &remote_core::on_am_release},
         {remote_detail::am_piece, &remote_core::on_am_piece},
+        {remote_detail::am_packed, &remote_core::on_am_packed},
     };
     for (const auto& [id, cb] : handlers) {
       if (absl::Status s = ucx_->set_am_handler(id, cb, this); !s.ok()) return s;
@@ -165,6 +166,19 @@ ucs_status_t remote_core::on_am_piece(void* arg, const void* header, std::size_t
   return UCS_OK;
 }
 
+ucs_status_t remote_core::on_am_packed(void* arg, const void* header, std::size_t length,
+                                       void* data, std::size_t data_length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<remote_core*>(arg);
+  remote_detail::packed m;
+  if (!read_message(header, length, m)) return UCS_OK;
+  auto it = self->imports_.find(m.request_id);
+  if (it == self->imports_.end()) return UCS_OK;
+  std::shared_ptr<remote_import> op = it->second;
+  op->on_packed_locked(m, data, data_length, param);
+  return UCS_OK;
+}
+
 void remote_core::send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length,
                               bool reply, std::string_view data) {
   ucx_worker::am_message m;
@@ -179,6 +193,17 @@ void remote_core::send_locked(ucp_ep_h ep, unsigned id, const void* header, std:
   }
   m.header_bytes = length;
   m.reply = reply;
+  (void)ucx_->send_am(ep, std::move(m));
+}
+
+void remote_core::send_built_locked(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes,
+                                    std::size_t header_bytes) {
+  ucx_worker::am_message m;
+  m.id = id;
+  m.bytes = std::move(bytes);
+  m.header_bytes = header_bytes;
+  m.reply = true;
+  m.carried_by = ucx_worker::am_message::protocol::eager;
   (void)ucx_->send_am(ep, std::move(m));
 }
 

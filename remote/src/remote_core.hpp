@@ -180,6 +180,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                                     std::size_t data_length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_am_piece(void* arg, const void* header, std::size_t length, void* data,
                                   std::size_t data_length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_am_packed(void* arg, const void* header, std::size_t length, void* data,
+                                   std::size_t data_length, const ucp_am_recv_param_t* param);
   static void on_connection_request(ucp_conn_request_h request, void* arg);
   static void on_importer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void on_exporter_error(void* arg, ucp_ep_h ep, ucs_status_t status);
@@ -199,6 +201,18 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                                                            const void* members,
                                                            std::size_t members_bytes) const;
   void on_hold_release_locked(const remote_detail::hold_release& m, ucp_ep_h ep);
+  // A hold for the importer on `ep`: its id and secret, in `r`.
+  void grant_hold_locked(publication& pub, remote_detail::hold_reply& r, ucp_ep_h ep);
+  // Grants a bundle's members `asked` (sent as `plans`): the grant carries
+  // each member's plan; small members go packed, in the grant itself when
+  // all fit and the importer offered to take them so (the hold ends then).
+  void grant_bundle_locked(std::map<std::uint64_t, publication>::iterator it,
+                           remote_detail::hold_reply& r, const remote_detail::hold_request& m,
+                           const std::vector<std::uint32_t>& asked,
+                           const std::vector<remote_detail::piece_plan>& plans, ucp_ep_h ep);
+  // Sends `bytes` (a header of `header_bytes`, then data) eagerly on `ep`.
+  void send_built_locked(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes,
+                         std::size_t header_bytes);
   // Sends pub.members[index]'s bytes as piece plan `plan`, as the member
   // at `place` of request `request_id`.
   void send_member_locked(publication& pub, std::uint32_t index, std::uint32_t place,

@@ -2,6 +2,7 @@
 // against the descriptor before a byte of it is written, or, between
 // trusted peers, the RMA gets the import issues itself.
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -105,6 +106,94 @@ void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, s
   ucs_status_ptr_t r = ucp_am_recv_data_nbx(core_->ucx().worker(), data, dest, length, &rp);
   if (r == nullptr) return write_done_locked(UCS_OK);
   if (UCS_PTR_IS_ERR(r)) return write_done_locked(UCS_PTR_STATUS(r));
+}
+
+void remote_import::on_bundle_grant_locked(bool with_bytes, void* data, std::size_t length,
+                                           const ucp_am_recv_param_t* param) {
+  // Every member's plan, in the grant's data, sent with it; then, when
+  // the grant carries the bytes, every member packed.
+  const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+  const std::size_t plans = members_.size() * sizeof(remote_detail::member_plan);
+  if (!in_place || length < plans || (!with_bytes && length != plans) ||
+      !adopt_plans_locked(data, plans)) {
+    return fail_locked(absl::DataLossError(
+        absl::StrCat("the exporter's grant for the bundle under lease ", lease_id_, " carries ",
+                     length, " bytes, which are not a plan for each of its ", members_.size(),
+                     " members that fits it", with_bytes ? " followed by their bytes" : "",
+                     "; it runs another dlasync, or it does not describe its tensors honestly")));
+  }
+  if (with_bytes) {
+    // A packed header, then its records and bytes.
+    remote_detail::packed h;
+    const auto* rest = static_cast<const unsigned char*>(data) + plans;
+    if (length - plans < sizeof(h)) {
+      return fail_locked(absl::DataLossError(
+          absl::StrCat("the exporter's grant for the bundle under lease ", lease_id_,
+                       " says it carries the members' bytes, and holds none")));
+    }
+    std::memcpy(&h, rest, sizeof(h));
+    return unpack_locked(h, rest + sizeof(h), length - plans - sizeof(h), /*whole=*/true);
+  }
+  return advance_locked();
+}
+
+void remote_import::on_packed_locked(const remote_detail::packed& m, void* data, std::size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  const ucp_ep_h from = ucx_worker::reply_endpoint(param);
+  if (endpoint_ == nullptr || from != endpoint_->ep || !bundle_ || !hold_requested_ || finished_) {
+    return;
+  }
+  endpoint_->heard = std::chrono::steady_clock::now();
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    return fail_locked(absl::DataLossError(
+        absl::StrCat("the exporter sent packed members of lease ", lease_id_,
+                     " by rendezvous; packed members come with their message")));
+  }
+  unpack_locked(m, static_cast<const unsigned char*>(data), length, /*whole=*/false);
+}
+
+void remote_import::unpack_locked(const remote_detail::packed& h, const unsigned char* data,
+                                  std::size_t length, bool whole) {
+  auto refuse = [&](const std::string& why) {
+    fail_locked(absl::DataLossError(absl::StrCat("the exporter's packed members of lease ",
+                                                 lease_id_, " do not fit the bundle: ", why)));
+  };
+  constexpr std::size_t entry = sizeof(remote_detail::packed_entry);
+  if (h.magic != remote_detail::protocol_magic || h.request_id != request_id_ || h.entries == 0 ||
+      h.entries > members_.size() || data == nullptr || length / entry < h.entries ||
+      h.bytes != length - h.entries * entry) {
+    return refuse(absl::StrCat(h.entries, " members in ", length, " bytes announced as ", h.bytes));
+  }
+  const unsigned char* from = data + h.entries * entry;
+  for (std::uint32_t i = 0; i < h.entries; ++i) {
+    remote_detail::packed_entry e;
+    std::memcpy(&e, data + i * entry, entry);
+    const bool one_piece = e.plan == static_cast<std::uint8_t>(piece_plan::whole) ||
+                           e.plan == static_cast<std::uint8_t>(piece_plan::dense);
+    if (e.member >= members_.size() || !one_piece || !adopt_plan_locked(e.member, e.plan, 1) ||
+        members_[e.member].piece_seen[0]) {
+      return refuse(absl::StrCat("member ", e.member, " of kind ", e.plan,
+                                 " is not one this import expects packed, or comes twice"));
+    }
+    member& into = members_[e.member];
+    const remote_detail::piece_range expected = into.walk->at(0);
+    const auto left = static_cast<std::uint64_t>(data + length - from);
+    if (e.length != expected.length || e.length > left || expected.offset != 0 ||
+        e.length > into.fetch_bytes) {
+      return refuse(absl::StrCat("member ", e.member, " holds ", e.length, " bytes of ", left,
+                                 " left; its descriptor says ", expected.length));
+    }
+    if (e.length > 0) std::memcpy(into.buffer.data(), from, e.length);
+    from += e.length;
+    into.piece_seen[0] = true;
+    ++pieces_done_;
+  }
+  // The grant's bytes are every member's: nothing else is coming.
+  if (whole && pieces_done_ != pieces_expected_) {
+    return refuse(absl::StrCat("the grant carries ", pieces_done_, " of ", pieces_expected_,
+                               " pieces, and ended the hold"));
+  }
+  advance_locked();
 }
 
 void remote_import::on_received(void* request, ucs_status_t status, std::size_t, void* user_data) {

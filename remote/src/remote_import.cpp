@@ -242,7 +242,8 @@ void remote_import::request_hold_locked() {
   m.request_id = request_id_;
   std::string asked;  // a bundle's members, each with its digest
   if (bundle_) {
-    m.flags = remote_detail::request_members;
+    // Small members may come packed in the grant, the hold ended with it.
+    m.flags = remote_detail::request_members | remote_detail::request_bytes_with_grant;
     asked.resize(members_.size() * sizeof(remote_detail::member_request));
     for (std::size_t k = 0; k < members_.size(); ++k) {
       remote_detail::member_request r;
@@ -284,19 +285,7 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   // A grant with its bytes ended the hold: the exporter expects no release.
   if (with_bytes) hold_released_ = true;
   if (finished_) return wind_down_locked();  // cancelled meanwhile: released now
-  if (bundle_) {
-    // Every member's plan, in the grant's data, sent with it.
-    const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
-    if (with_bytes || !in_place || !adopt_plans_locked(data, length)) {
-      return fail_locked(absl::DataLossError(absl::StrCat(
-          "the exporter's grant for the bundle under lease ", lease_id_, " carries ", length,
-          " bytes", with_bytes ? " as a tensor's" : "", ", which are not a plan for each of its ",
-          members_.size(),
-          " members that fits it; it runs another dlasync, or it does not describe its tensors "
-          "honestly")));
-    }
-    return advance_locked();
-  }
+  if (bundle_) return on_bundle_grant_locked(with_bytes, data, length, param);
   // A grant carries only a one-piece tensor of its plan, and a small one.
   const bool one_piece = m.pieces == 1 && (m.plan == static_cast<std::uint8_t>(piece_plan::whole) ||
                                            m.plan == static_cast<std::uint8_t>(piece_plan::dense));

@@ -65,6 +65,9 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
                             const ucp_am_recv_param_t* param);
   void on_piece_locked(const remote_detail::piece& m, void* data, std::size_t length,
                        const ucp_am_recv_param_t* param);
+  // Small members packed in one message.
+  void on_packed_locked(const remote_detail::packed& m, void* data, std::size_t length,
+                        const ucp_am_recv_param_t* param);
   void on_endpoint_failed_locked(const absl::Status& why);
   // The node shuts down: the handler gets Cancelled now; the buffer and the
   // budget go in after_finalize_locked, once the worker (and every write it
@@ -107,6 +110,15 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   bool adopt_plan_locked(std::size_t k, std::uint8_t plan, std::uint64_t count);
   // A bundle's grant: every member's plan, from the grant's data.
   bool adopt_plans_locked(const void* data, std::size_t length);
+  // A bundle's grant was granted (remote_fetch.cpp): its data is each
+  // member's plan, then, `with_bytes`, every member packed.
+  void on_bundle_grant_locked(bool with_bytes, void* data, std::size_t length,
+                              const ucp_am_recv_param_t* param);
+  // A packed message's data (remote_fetch.cpp): each member's piece checked
+  // and written. `whole`: the grant carries them, and they must be every
+  // member's bytes.
+  void unpack_locked(const remote_detail::packed& h, const unsigned char* data, std::size_t length,
+                     bool whole);
   // RMA (trusted peers): the gets this import issues (remote_fetch.cpp).
   void fetch_rma_locked();
   void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);

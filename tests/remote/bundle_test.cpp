@@ -263,6 +263,43 @@ TEST_CASE("a bundle is refused as a whole before anything moves, naming the memb
   REQUIRE(nodes.out().publications() == 0);
 }
 
+TEST_CASE("small members come packed: in the grant when all fit, else several to a message",
+          "[remote][bundle]") {
+  node_pair nodes;
+  // All in the grant: the hold ends with it, and the producers go.
+  const std::vector<member_spec> few = {
+      {"contiguous", {16}}, {"transposed", {4, 4}}, {"contiguous", {4, 0}}, {"negative", {3, 5}}};
+  auto p = publish_bundle_here(nodes.out(), few, {}, 20);
+  absl::StatusOr<std::vector<tensor>> got = import_bundle_now(nodes.in(), p->bundle);
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  for (std::size_t i : {0, 1, 3}) {
+    check_bytes((*got)[i], few[i].layout, few[i].shape, dtypes::float32,
+                20 + static_cast<unsigned>(i));
+  }
+  REQUIRE((*got)[2].byte_size() == 0);
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 4; }));
+  // 40 members of 4 KiB: more than one message holds, and a large member
+  // beside them goes apart.
+  std::vector<member_spec> many(40, member_spec{"contiguous", {32, 32}});
+  many.push_back({"contiguous", {256, 256}});
+  auto q = publish_bundle_here(nodes.out(), many, {}, 60);
+  got = import_bundle_now(nodes.in(), q->bundle);
+  REQUIRE(got.ok());
+  for (std::size_t i = 0; i < many.size(); ++i) {
+    check_bytes((*got)[i], many[i].layout, many[i].shape, dtypes::float32,
+                60 + static_cast<unsigned>(i));
+  }
+  REQUIRE(testing::eventually([&] { return q->count.calls.load() == 41; }));
+  // Members with no bytes at all.
+  auto empty = publish_bundle_here(nodes.out(), {{"contiguous", {0}}, {"contiguous", {2, 0}}});
+  got = import_bundle_now(nodes.in(), empty->bundle);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 2);
+  REQUIRE(testing::eventually([&] { return empty->count.calls.load() == 2; }));
+  REQUIRE(nodes.out().publications() == 0);
+}
+
 TEST_CASE("publish_bundle refuses as a whole, naming the member, and consumes nothing",
           "[remote][bundle][publish]") {
   node_pair nodes;

@@ -15,7 +15,8 @@
 //          descending, past_end (an index past the bundle), wrong_digest
 //          (member 0's), ragged (3 bytes more), empty (the flag, no list),
 //          too_many (one entry more than published), rendezvous (honest,
-//          but sent by rendezvous)
+//          but sent by rendezvous), with_grant (honest, offering to take
+//          the bytes with the grant)
 //   release <lease> <hold_id> <secret> -> "sent"
 //   forge_releases <lease> <n>  -> "sent": n releases with guessed holds
 //   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
@@ -41,6 +42,13 @@
 //       bundle_plans_short  the same grant, one member's plan short
 //       bundle_wrong_member  the honest grant, then a piece of a member
 //                       that was not asked for, then the honest pieces
+//       bundle_packed   the honest grant, then every member in one packed
+//                       message
+//       bundle_packed_short  the same, each member one byte short
+//       bundle_packed_twice  the same, every record naming member 0
+//       bundle_packed_rndv  the honest packed message, by rendezvous
+//       bundle_grant_partial  a grant that says it carries the members'
+//                       bytes (and ends the hold), with one member of two
 // quit -> "bye", exits 0. Options: --transports=<UCX_TLS list>.
 #include <unistd.h>
 
@@ -105,6 +113,16 @@ struct peer {
     }
     return UCS_OK;
   }
+  // Packed members: their bytes count as received, their records do not.
+  static ucs_status_t on_packed(void* arg, const void* header, std::size_t length, void*,
+                                std::size_t data_length, const ucp_am_recv_param_t*) {
+    auto* self = static_cast<peer*>(arg);
+    packed m;
+    if (length != sizeof(m)) return UCS_OK;
+    std::memcpy(&m, header, sizeof(m));
+    if (m.bytes <= data_length) self->received += m.bytes;
+    return UCS_OK;
+  }
   static ucs_status_t on_piece(void* arg, const void*, std::size_t, void*, std::size_t length,
                                const ucp_am_recv_param_t* param) {
     auto* self = static_cast<peer*>(arg);
@@ -136,9 +154,10 @@ struct peer {
   }
 
   void send(ucp_ep_h to, unsigned id, const void* header, std::size_t header_bytes,
-            const void* data, std::size_t data_bytes, bool rendezvous = false) {
+            const void* data, std::size_t data_bytes,
+            ucx_worker::am_message::protocol how = ucx_worker::am_message::protocol::automatic) {
     ucx_worker::am_message msg;
-    if (rendezvous) msg.carried_by = ucx_worker::am_message::protocol::rendezvous;
+    msg.carried_by = how;
     msg.id = id;
     const auto* h = static_cast<const std::byte*>(header);
     msg.bytes.assign(h, h + header_bytes);
@@ -172,6 +191,52 @@ struct peer {
       std::vector<member_plan> plans(members, one);
       const std::size_t plan_bytes =
           members * sizeof(member_plan) - (mode == "bundle_plans_short" ? 8 : 0);
+      if (mode.rfind("bundle_packed", 0) == 0 || mode == "bundle_grant_partial") {
+        // The members packed: `k` of them, each `length` bytes.
+        auto packed_message = [&](std::size_t k, std::uint64_t length) {
+          packed h;
+          h.entries = static_cast<std::uint32_t>(k);
+          h.request_id = m.request_id;
+          h.bytes = k * length;
+          std::vector<unsigned char> out(sizeof(h));
+          std::memcpy(out.data(), &h, sizeof(h));
+          for (std::size_t i = 0; i < k; ++i) {
+            packed_entry e;
+            e.member = mode == "bundle_packed_twice" ? 0 : static_cast<std::uint32_t>(i);
+            e.plan = p.plan;
+            e.length = length;
+            const auto* b = reinterpret_cast<const unsigned char*>(&e);
+            out.insert(out.end(), b, b + sizeof(e));
+          }
+          for (std::size_t i = 0; i < k; ++i) {
+            out.insert(out.end(), tensor.begin(), tensor.begin() + static_cast<long>(length));
+          }
+          return out;
+        };
+        if (mode == "bundle_grant_partial") {
+          // The bytes with the grant, the hold ended, but member 1 missing.
+          r.hold_id = 0;
+          r.secret = 0;
+          r.flags = reply_bytes_with_grant;
+          std::vector<unsigned char> data(
+              reinterpret_cast<unsigned char*>(plans.data()),
+              reinterpret_cast<unsigned char*>(plans.data()) + plan_bytes);
+          const std::vector<unsigned char> one_member = packed_message(1, bytes);
+          data.insert(data.end(), one_member.begin(), one_member.end());
+          send(to, am_hold_reply, &r, sizeof(r), data.data(), data.size(),
+               ucx_worker::am_message::protocol::eager);
+        } else {
+          send(to, am_hold_reply, &r, sizeof(r), plans.data(), plan_bytes);
+          const std::vector<unsigned char> all =
+              packed_message(members, mode == "bundle_packed_short" ? bytes - 1 : bytes);
+          send(to, am_packed, all.data(), sizeof(packed), all.data() + sizeof(packed),
+               all.size() - sizeof(packed),
+               mode == "bundle_packed_rndv" ? ucx_worker::am_message::protocol::rendezvous
+                                            : ucx_worker::am_message::protocol::eager);
+        }
+        ucx->progress();
+        return;
+      }
       send(to, am_hold_reply, &r, sizeof(r), plans.data(), plan_bytes);
       if (mode == "bundle_wrong_member") {  // first, before the honest ones
         p.member = static_cast<std::uint32_t>(members);
@@ -273,6 +338,7 @@ int main(int argc, char** argv) {
     std::lock_guard lock(p.ucx->mutex());
     (void)p.ucx->set_am_handler(am_hold_reply, &peer::on_reply, &p);
     (void)p.ucx->set_am_handler(am_piece, &peer::on_piece, &p);
+    (void)p.ucx->set_am_handler(am_packed, &peer::on_packed, &p);
     (void)p.ucx->set_am_handler(am_hold_request, &peer::on_request, &p);
   }
   p.ucx->start();
@@ -356,13 +422,15 @@ int main(int argc, char** argv) {
       std::string bytes(reinterpret_cast<const char*>(list.data()),
                         list.size() * sizeof(member_request));
       if (variant == "ragged") bytes += "xyz";
+      if (variant == "with_grant") m.flags |= request_bytes_with_grant;
       p.replied = false;
       p.received = 0;
       p.with_reply = 0;
       {
         std::lock_guard lock(p.ucx->mutex());
         p.send(p.ep, am_hold_request, &m, sizeof(m), bytes.data(), bytes.size(),
-               variant == "rendezvous");
+               variant == "rendezvous" ? ucx_worker::am_message::protocol::rendezvous
+                                       : ucx_worker::am_message::protocol::automatic);
         p.ucx->progress();
       }
       say(awaited_reply(p));

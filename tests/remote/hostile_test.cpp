@@ -495,8 +495,44 @@ TEST_CASE("a bundle's hold request is checked member by member before anything i
   REQUIRE(hostile->ask("release " + std::to_string(b.lease_id) + " " + std::to_string(hold_id) +
                        " " + std::to_string(secret)) == "sent");
   REQUIRE(peer_reaches(*peer, "deleted", 3));
+
+  // Small members all in the grant: the hold ends with it, no release.
+  line = peer->ask("publish_bundle 1:8:1 contiguous:4096,contiguous:100 1 20000 5");
+  REQUIRE(line);
+  const std::string small_hex = line->substr(7);
+  std::optional<std::string> with = hostile->ask("hold_members " + small_hex + " with_grant");
+  REQUIRE(with);
+  std::istringstream answer(*with);
+  std::uint64_t flags = 0, with_reply = 0;
+  answer >> word >> code >> hold_id >> secret >> plan >> pieces >> received >> flags >> with_reply;
+  REQUIRE(code == 0);
+  REQUIRE(hold_id == 0);
+  REQUIRE(flags == 1);
+  // Two plans, a packed header, two records, and the bytes.
+  REQUIRE(with_reply == 2 * 16 + 24 + 2 * 16 + 4096 + 100);
+  REQUIRE(peer_reaches(*peer, "deleted", 5));
+  // Up to 64 KiB of one-piece members in all, whatever their sizes, go with
+  // the grant; a byte more, and the hold is granted for the pieces.
+  for (const auto& [members, in_grant] : std::vector<std::pair<std::string, bool>>{
+           {"contiguous:65536,contiguous:0", true}, {"contiguous:65536,contiguous:1", false}}) {
+    INFO(members);
+    line = peer->ask("publish_bundle 1:8:1 " + members + " 1 20000 5");
+    REQUIRE(line);
+    std::istringstream big(*hostile->ask("hold_members " + line->substr(7) + " with_grant"));
+    big >> word >> code >> hold_id >> secret >> plan >> pieces >> received >> flags >> with_reply;
+    REQUIRE(code == 0);
+    REQUIRE(flags == (in_grant ? 1U : 0U));
+    REQUIRE((hold_id == 0) == in_grant);
+    if (!in_grant) {
+      REQUIRE(received == 65537);
+      const remote_bundle granted = *remote_bundle::decode(testing::from_hex(line->substr(7)));
+      REQUIRE(hostile->ask("release " + std::to_string(granted.lease_id) + " " +
+                           std::to_string(hold_id) + " " + std::to_string(secret)) == "sent");
+    }
+  }
+  REQUIRE(peer_reaches(*peer, "deleted", 9));
   REQUIRE(hostile->ask("quit") == "bye");
-  REQUIRE(peer->ask("quit") == "bye 3");
+  REQUIRE(peer->ask("quit") == "bye 9");
 }
 
 TEST_CASE("a hostile exporter's bundle grant and pieces are checked before they are used",
@@ -539,6 +575,29 @@ TEST_CASE("a hostile exporter's bundle grant and pieces are checked before they 
     REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
     REQUIRE_THAT(std::string(t.status().message()),
                  Catch::Contains("not a plan for each of its 2"));
+  }
+  SECTION("members packed in one message: taken, each checked as a piece") {
+    absl::StatusOr<std::vector<tensor>> t =
+        import_bundle(hostile_listens(*hostile, "bundle_packed", 4096));
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    const std::vector<unsigned char> sent = testing::pseudo_random(4096, 11);
+    for (const tensor& member : *t) {
+      REQUIRE(std::memcmp(member.data(), sent.data(), sent.size()) == 0);
+    }
+  }
+  SECTION("packed members that are short or twice, or a grant that ends the hold without all") {
+    const auto [mode, words] = GENERATE(
+        std::pair<std::string, std::string>{"bundle_packed_short", "member 0 holds 4095 bytes"},
+        std::pair<std::string, std::string>{"bundle_packed_twice", "or comes twice"},
+        std::pair<std::string, std::string>{"bundle_packed_rndv", "by rendezvous"},
+        std::pair<std::string, std::string>{"bundle_grant_partial",
+                                            "the grant carries 1 of 2 pieces"});
+    INFO(mode);
+    absl::StatusOr<std::vector<tensor>> t = import_bundle(hostile_listens(*hostile, mode, 4096));
+    INFO(t.status().ToString());
+    REQUIRE(t.status().code() == absl::StatusCode::kDataLoss);
+    REQUIRE_THAT(std::string(t.status().message()), Catch::Contains(words));
   }
   SECTION("a piece of a member that was not asked for: refused, never written") {
     absl::StatusOr<std::vector<tensor>> t =

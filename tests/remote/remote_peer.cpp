@@ -15,6 +15,11 @@
 //                  -> the same, and an import's bytes are checked against the
 //                     pattern publish laid out: "imported ok verified" or
 //                     "imported mismatch at byte <b>"
+//   import_bundle <hex> [<code>:<bits>:<lanes> <layout>:<shape>,... <seed>]
+//                  -> "started", later "imported ok" | "imported <code> <message>",
+//                     or with the members' layouts, each member's bytes checked
+//                     as publish_bundle laid them out: "imported ok verified" or
+//                     "imported mismatch in member <i> at byte <b>"
 //   secret <bytes> -> "secret <address>": a buffer of 'S' bytes that is never
 //                     published (what a forged descriptor must not reach)
 //   quit           -> shuts the node down, "bye <deleted>", exits 0
@@ -88,12 +93,14 @@ publish_options lease_of(std::uint32_t importers, long lease_ms) {
   return o;
 }
 
+// "<word> <code> <message>".
+std::string failed(const std::string& word, const absl::Status& s) {
+  return word + " " + std::to_string(static_cast<int>(s.code())) + " " + std::string(s.message());
+}
+
 template <typename T>
 std::string answer(const absl::StatusOr<T>& r, const std::string& what) {
-  if (!r.ok()) {
-    return "error " + std::to_string(static_cast<int>(r.status().code())) + " " +
-           std::string(r.status().message());
-  }
+  if (!r.ok()) return failed("error", r.status());
   return what + " " + testing::to_hex(r->encode());
 }
 
@@ -112,6 +119,7 @@ std::string publish_bundle(remote_node& node, const dtype& type, const std::stri
   std::string one;
   while (std::getline(list, one, ',')) {
     const std::size_t colon = one.find(':');
+    if (colon == std::string::npos) return "error 3 a member is <layout>:<shape>, not " + one;
     sources.push_back(laid_out_tensor(type, one.substr(0, colon),
                                       testing::parse_shape(one.substr(colon + 1)),
                                       seed + static_cast<unsigned>(sources.size())));
@@ -186,14 +194,12 @@ int main(int argc, char** argv) {
       in >> hex >> type >> layout >> shape >> seed;
       absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(testing::from_hex(hex));
       if (!d.ok()) {
-        say("imported " + std::to_string(static_cast<int>(d.status().code())) + " " +
-            std::string(d.status().message()));
+        say(failed("imported", d.status()));
         continue;
       }
       async_import_remote(**node, *d, {}, [=](const absl::StatusOr<tensor>& t) {
         if (!t.ok()) {
-          say("imported " + std::to_string(static_cast<int>(t.status().code())) + " " +
-              std::string(t.status().message()));
+          say(failed("imported", t.status()));
         } else if (layout.empty()) {
           say("imported ok");
         } else {
@@ -204,6 +210,39 @@ int main(int argc, char** argv) {
           say(wrong ? "imported mismatch at byte " + std::to_string(*wrong)
                     : std::string("imported ok verified"));
         }
+      });
+      say("started");
+    } else if (command == "import_bundle") {
+      std::string hex, type, members;
+      unsigned seed = 0;
+      in >> hex >> type >> members >> seed;
+      absl::StatusOr<remote_bundle> b = remote_bundle::decode(testing::from_hex(hex));
+      if (!b.ok()) {
+        say(failed("imported", b.status()));
+        continue;
+      }
+      // The members' layouts and shapes, to check each one's bytes.
+      std::vector<std::pair<std::string, std::string>> layouts;
+      std::istringstream list(members);
+      for (std::string one; std::getline(list, one, ',');) {
+        const std::size_t colon = one.find(':');
+        layouts.emplace_back(one.substr(0, colon), one.substr(colon + 1));
+      }
+      async_import_remote_bundle(**node, *b, {}, [=](const absl::StatusOr<std::vector<tensor>>& t) {
+        if (!t.ok()) return say(failed("imported", t.status()));
+        if (layouts.empty()) return say("imported ok");
+        for (std::size_t i = 0; i < t->size() && i < layouts.size(); ++i) {
+          const tensor& m = (*t)[i];
+          const std::optional<std::uint64_t> wrong = testing::first_mismatch(
+              static_cast<const unsigned char*>(m.data()), m.byte_size(), layouts[i].first,
+              testing::parse_shape(layouts[i].second), parse_dtype(type).padded_size(),
+              seed + static_cast<unsigned>(i));
+          if (wrong) {
+            return say("imported mismatch in member " + std::to_string(i) + " at byte " +
+                       std::to_string(*wrong));
+          }
+        }
+        say("imported ok verified");
       });
       say("started");
     } else if (command == "secret") {

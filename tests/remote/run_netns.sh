@@ -5,12 +5,14 @@
 # over UCX's TCP transport.
 #   1. With 2 ms of delay and 1 % loss each way (tc netem, where the kernel
 #      has it; else without), imports still complete, byte for byte: a
-#      contiguous tensor and a strided one.
-#   2. The link is cut in the middle of a large import: the import ends with
+#      contiguous tensor, a strided one, and a bundle of small and large
+#      members.
+#   2. The link is cut in the middle of a large bundle: the import ends with
 #      Unavailable or DeadlineExceeded within its bound (the importer's
-#      --import_timeout_ms, plus slack), the exporter's lease ends and its
-#      producer is deleted.
-#   3. With the link back, a new import succeeds, byte for byte.
+#      --import_timeout_ms, plus slack), the exporter's lease ends and every
+#      member's producer is deleted once.
+#   3. With the link back, a new import and a new bundle succeed, byte for
+#      byte.
 #   4. Both nodes shut down; every producer was deleted exactly once.
 # Removes what it made. Where namespaces cannot be made (no CAP_NET_ADMIN,
 # no `ip`), it is skipped (exit 77) with the reason.
@@ -79,12 +81,13 @@ ask() {
 expect_line() {  # FD_OUT SECONDS: the next line, into `answer`
   read -r -t "$2" answer <&"$1" || fail "no line within $2 s"
 }
-# import_started HEX...: sends the import; the importer says "started" and,
-# later or even before (a small import ends inside the call), "imported ...".
-# Returns once it started; `result` holds the outcome if it came first.
+# import_started COMMAND HEX...: sends the import (import, import_bundle); the
+# importer says "started" and, later or even before (a small import ends
+# inside the call), "imported ...". Returns once it started; `result` holds
+# the outcome if it came first.
 import_started() {
   result=""
-  echo "import $*" >&7
+  echo "$*" >&7
   for _ in 1 2; do
     expect_line 8 10
     case $answer in
@@ -114,10 +117,21 @@ import_checked() {
   ask 5 6 20 "publish $1 $2 $3 1 60000 $4"
   [[ $answer == descriptor\ * ]] || fail "publish: $answer"
   published=$((published + 1))
-  import_started "${answer#descriptor }" "$1" "$2" "$3" "$4"
+  import_started import "${answer#descriptor }" "$1" "$2" "$3" "$4"
   import_result 60
   [ "$answer" = "imported ok verified" ] || fail "import of $2 $3: $answer"
   echo "  $2 $3: imported, byte for byte"
+}
+# bundle_checked DTYPE MEMBERS SEED: a bundle (MEMBERS as publish_bundle takes
+# them) published there, imported here, every member checked.
+bundle_checked() {
+  ask 5 6 20 "publish_bundle $1 $2 1 60000 $3"
+  [[ $answer == bundle\ * ]] || fail "publish_bundle: $answer"
+  published=$((published + $(echo "$2" | tr ',' '\n' | wc -l)))
+  import_started import_bundle "${answer#bundle }" "$1" "$2" "$3"
+  import_result 60
+  [ "$answer" = "imported ok verified" ] || fail "bundle import: $answer"
+  echo "  a bundle of $2: imported, byte for byte"
 }
 
 echo "== 1. 2 ms of delay and 1 % loss each way"
@@ -131,12 +145,13 @@ else
   ip netns exec "$ns_i" tc qdisc add dev "vi-$id" root netem delay 2ms loss 1% || fail "netem"
 fi
 import_checked 1:8:1 contiguous 4194304 7
-import_checked 2:32:1 every_other_row 256,1024 11
+import_checked 2:32:1 every_other_row 256x1024 11
+bundle_checked 2:32:1 contiguous:64,transposed:16x32,contiguous:1024x1024,every_other_row:8x8 21
 
-echo "== 2. the link cut in the middle of an import"
+echo "== 2. the link cut in the middle of a bundle"
 # Without the loss, so that a large import is well under way when the link
 # goes; the delay stays.
-# The exporter's side sends at 100 Mbit/s, so that a 64 MiB import takes
+# The exporter's side sends at 100 Mbit/s, so that a bundle of 64 MiB takes
 # about 5 s.
 if [ "$netem" = 1 ]; then
   ip netns exec "$ns_e" tc qdisc change dev "ve-$id" root netem delay 2ms rate 100mbit ||
@@ -146,13 +161,14 @@ else
   ip netns exec "$ns_e" tc qdisc add dev "ve-$id" root tbf rate 100mbit burst 64kb latency 100ms ||
     fail "tbf"
 fi
-ask 5 6 30 "publish 1:8:1 contiguous 67108864 1 $lease_ms 3"
-[[ $answer == descriptor\ * ]] || fail "publish: $answer"
-descriptor=${answer#descriptor }
-published=$((published + 1))
+members=4
+ask 5 6 30 "publish_bundle 1:8:1 contiguous:16777216,contiguous:16777216,contiguous:16777216,contiguous:16777216 1 $lease_ms 3"
+[[ $answer == bundle\ * ]] || fail "publish_bundle: $answer"
+bundle=${answer#bundle }
+published=$((published + members))
 ask 5 6 10 deleted
 before=${answer#deleted }
-import_started "$descriptor"
+import_started import_bundle "$bundle"
 [ -z "$result" ] || fail "the import ended before the cut: $result"
 sleep 0.5
 cut=$(date +%s%N)
@@ -168,14 +184,15 @@ for _ in $(seq 1 $(((lease_ms + 10000) / 100))); do
   [ "${answer#deleted }" -gt "$before" ] && break
   sleep 0.1
 done
-[ "${answer#deleted }" -eq $((before + 1)) ] || fail "the exporter's producer: $answer"
+[ "${answer#deleted }" -eq $((before + members)) ] || fail "the exporter's producers: $answer"
 ask 5 6 5 publications
 [ "$answer" = "publications 0" ] || fail "the exporter still has $answer"
-echo "  the exporter's lease ended, its producer deleted once"
+echo "  the exporter's lease ended, each of its $members producers deleted once"
 
 echo "== 3. the link back"
 ip -n "$ns_i" link set "vi-$id" up || fail "the link back"
 import_checked 1:8:1 contiguous 4194304 9
+bundle_checked 1:8:1 contiguous:4096,contiguous:1048576 31
 
 echo "== 4. shutdown: every producer deleted once"
 ask 7 8 20 quit
