@@ -53,8 +53,9 @@ else
     tests/examples/client-requirements.txt)"
 fi
 # Remote imports (remote/) and their two-process tests: UCX, with
-# ucx_perftest for the benchmarks.
-bash scripts/install-deps.sh libucx-dev ucx-utils
+# ucx_perftest for the benchmarks; hiredis for the directory of names, and
+# the Redis server its tests start.
+bash scripts/install-deps.sh libucx-dev ucx-utils libhiredis-dev redis-server
 # The inference server's REST front is driven by curl in its tests, and by
 # h2load in its benchmark's smoke run.
 bash scripts/install-deps.sh curl nghttp2-client

@@ -211,4 +211,76 @@ class canceller {
   std::thread thread_;
 };
 
+// Bundles.
+
+// One member as remote_peer's publish_bundle takes it.
+struct member_spec {
+  std::string layout;
+  std::vector<std::int64_t> shape;
+};
+
+inline std::string members_arg(const std::vector<member_spec>& members) {
+  std::string out;
+  for (const member_spec& m : members) {
+    out += (out.empty() ? "" : ",") + m.layout + ":" + testing::shape_text(m.shape);
+  }
+  return out;
+}
+
+inline remote_bundle bundle_from(const std::optional<std::string>& line) {
+  REQUIRE(line);
+  INFO(*line);
+  REQUIRE(line->rfind("bundle ", 0) == 0);
+  absl::StatusOr<remote_bundle> b = remote_bundle::decode(testing::from_hex(line->substr(7)));
+  REQUIRE(b.ok());
+  return *b;
+}
+
+inline absl::StatusOr<std::vector<tensor>> import_bundle_now(remote_node& node,
+                                                             const remote_bundle& b,
+                                                             const import_options& o = {}) {
+  std::future<absl::StatusOr<std::vector<tensor>>> f =
+      async_import_remote_bundle(node, b, o, asio::use_future);
+  REQUIRE(f.wait_for(60s) == std::future_status::ready);
+  return f.get();
+}
+
+// Tensors of the pattern owned by the test, published together with
+// counting deleters.
+struct published_bundle {
+  std::vector<std::shared_ptr<testing::laid_out>> memory;
+  testing::deleter_count count;
+  remote_bundle bundle;
+};
+
+inline std::vector<managed_tensor> laid_out_tensors(published_bundle& p,
+                                                    const std::vector<member_spec>& members,
+                                                    unsigned seed) {
+  std::vector<managed_tensor> sources;
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    p.memory.push_back(std::make_shared<testing::laid_out>(
+        testing::lay_out(members[i].layout, members[i].shape, 4, seed + static_cast<unsigned>(i))));
+    testing::tensor_spec spec;
+    spec.shape = p.memory.back()->shape;
+    spec.strides = p.memory.back()->strides;
+    spec.data = p.memory.back()->data();
+    spec.byte_offset = p.memory.back()->byte_offset;
+    sources.push_back(testing::make_tensor(spec, p.count));
+  }
+  return sources;
+}
+
+inline std::unique_ptr<published_bundle> publish_bundle_here(
+    remote_node& node, const std::vector<member_spec>& members, const publish_options& o = {},
+    unsigned seed = 1) {
+  auto p = std::make_unique<published_bundle>();
+  std::vector<managed_tensor> sources = laid_out_tensors(*p, members, seed);
+  absl::StatusOr<remote_bundle> b = node.publish_bundle(sources, o);
+  INFO(b.status().ToString());
+  REQUIRE(b.ok());
+  for (const managed_tensor& t : sources) REQUIRE(t.empty());  // consumed
+  p->bundle = *b;
+  return p;
+}
+
 }  // namespace dlasync

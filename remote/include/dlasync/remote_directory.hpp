@@ -1,0 +1,130 @@
+// dlasync/remote_directory.hpp
+//
+// `dlasync::remote_directory` gives publications names, kept in Redis: an
+// exporter puts a descriptor (or a bundle) under a name for as long as its
+// lease, an importer finds it by the name, or waits for it to appear, and
+// imports it (`import_remote_named`). The entry's time to live is the
+// lease's, so a dead exporter leaves no name behind past it.
+//
+// The store is untrusted, as any channel a descriptor comes over: what a
+// name holds is decoded and validated exactly as a descriptor from anywhere
+// else (remote_descriptor::decode, remote_bundle::decode, then the import's
+// validation), and an entry that is no string, or larger than
+// max_entry_bytes, is refused before it is read. The directory grants
+// nothing by itself: a name leads to a lease, whose exporter decides.
+//
+// Why Redis: Debian 12 ships the server (redis-server 7.0) and a C client
+// (hiredis 0.14) that are kept and small; etcd's server is there too, but no
+// C or C++ client is packaged. A key holds an entry, with SET ... PX (the
+// lease's milliseconds) NX: a name is taken once, and goes with its lease.
+//
+// Example:
+//
+//   auto dir = dlasync::remote_directory::connect({.address = "10.0.0.5"});
+//   absl::StatusOr<dlasync::remote_bundle> b = node.publish_bundle(batch, lease);
+//   (*dir)->put("batch-17", *b, lease.lease);
+//   ...
+//   absl::StatusOr<std::vector<dlasync::tensor>> ts = co_await dlasync::import_remote_named(
+//       node, **dir, "batch-17", std::chrono::seconds(5));
+//
+// Thread safety: all members are safe to call from any thread; each call
+// blocks its thread for at most its command's timeout (io_timeout), or the
+// wait it is given. The awaitable import waits on the directory's own
+// thread, never on the runtime's.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "asio/awaitable.hpp"
+#include "dlasync/remote.hpp"
+
+namespace dlasync {
+
+struct remote_directory_options {
+  // The Redis server: a numeric address or a host name, and its port.
+  std::string address = "127.0.0.1";
+  std::uint16_t port = 6379;
+  // Every name is stored under this prefix: directories that share a
+  // server keep apart by it.
+  std::string prefix = "dlasync:";
+  // How long one command to Redis may take (connecting included).
+  std::chrono::milliseconds io_timeout{2000};
+};
+
+// What a name holds: one tensor's descriptor, or a bundle.
+using remote_entry = std::variant<remote_descriptor, remote_bundle>;
+
+class remote_directory {
+ public:
+  // The longest entry `find` reads: a bundle of remote_bundle::max_members
+  // members of max_ndim dimensions fits.
+  static constexpr std::size_t max_entry_bytes = std::size_t{16} << 20;
+  // The longest name.
+  static constexpr std::size_t max_name_bytes = 512;
+
+  // Connects to the server. InvalidArgument for an empty address or an
+  // io_timeout not above 0; Unavailable when the server cannot be reached
+  // (its address, and what failed, in the message).
+  static absl::StatusOr<std::unique_ptr<remote_directory>> connect(
+      remote_directory_options options = {});
+
+  remote_directory(const remote_directory&) = delete;
+  remote_directory& operator=(const remote_directory&) = delete;
+  ~remote_directory();
+
+  // Puts an entry under `name` for `ttl` (the publication's lease): the name
+  // goes when the ttl does, or when it is withdrawn. AlreadyExists when the
+  // name is taken; InvalidArgument for an empty or too long name, or a ttl
+  // not above 0; Unavailable when the server is not reachable.
+  absl::Status put(std::string_view name, const remote_descriptor& descriptor,
+                   std::chrono::milliseconds ttl);
+  absl::Status put(std::string_view name, const remote_bundle& bundle,
+                   std::chrono::milliseconds ttl);
+
+  // What `name` holds now. NotFound when it holds nothing (never put,
+  // withdrawn, or its ttl ended); DataLoss when the store holds something
+  // that is no entry's string; OutOfRange above max_entry_bytes;
+  // InvalidArgument or OutOfRange as decode refuses the bytes.
+  absl::StatusOr<remote_entry> find(std::string_view name);
+
+  // find, again and again (every 1 ms at first, every 50 ms at most) until
+  // the name holds an entry or `wait` has passed: DeadlineExceeded then.
+  absl::StatusOr<remote_entry> wait_for(std::string_view name, std::chrono::milliseconds wait);
+
+  // Until `name` holds nothing (withdrawn, or its ttl ended), polled as
+  // wait_for polls: OK then, DeadlineExceeded after `wait`.
+  absl::Status wait_withdrawn(std::string_view name, std::chrono::milliseconds wait);
+
+  // Removes `name`: NotFound when it held nothing.
+  absl::Status withdraw(std::string_view name);
+
+  const remote_directory_options& options() const noexcept;
+
+  // Internal: the thread the awaitable import waits on.
+  class impl;
+  impl& get_impl() noexcept { return *impl_; }
+
+ private:
+  explicit remote_directory(std::unique_ptr<impl> impl) noexcept;
+  std::unique_ptr<impl> impl_;
+};
+
+#if defined(ASIO_HAS_CO_AWAIT)
+// Waits up to `wait` for `name` in `directory` (on the directory's own
+// thread), then imports what it holds: a descriptor's tensor (one tensor in
+// the vector) or a bundle's, as import_remote and import_remote_bundle do.
+// The directory's errors (NotFound, DeadlineExceeded, DataLoss, the
+// decode's) come as they are; the import's as the import gives them.
+[[nodiscard]] asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
+    remote_node& node, remote_directory& directory, std::string name,
+    std::chrono::milliseconds wait, remote_import_options options = {});
+#endif
+
+}  // namespace dlasync

@@ -1,0 +1,303 @@
+// Names for publications, in Redis (dlasync/remote_directory.hpp), through
+// hiredis's blocking client: one connection a directory, one command at a
+// time under its lock, each bounded by io_timeout; a connection that broke
+// is made afresh by the next command.
+#include "dlasync/remote_directory.hpp"
+
+#include <hiredis/hiredis.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "asio/co_spawn.hpp"
+#include "asio/thread_pool.hpp"
+#include "asio/use_awaitable.hpp"
+
+namespace dlasync {
+namespace {
+
+struct reply_deleter {
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+
+// absl's own string_view (Debian's abseil does not use std::string_view).
+absl::string_view av(std::string_view s) {
+  return {s.data(), s.size()};
+}
+
+timeval as_timeval(std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  return tv;
+}
+
+absl::Status check_name(std::string_view name) {
+  if (name.empty() || name.size() > remote_directory::max_name_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a directory name of ", name.size(),
+                                                   " bytes; names have 1 to ",
+                                                   remote_directory::max_name_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+class remote_directory::impl {
+ public:
+  explicit impl(remote_directory_options o) : options(std::move(o)) {}
+  ~impl() {
+    pool.join();
+    if (context != nullptr) redisFree(context);
+  }
+
+  // Runs one command (its arguments binary-safe): the reply, or Unavailable
+  // when the server cannot be reached or the connection broke.
+  absl::StatusOr<reply_ptr> command(const std::vector<std::string_view>& args) {
+    std::lock_guard lock(mutex);
+    if (absl::Status s = connect_locked(); !s.ok()) return s;
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lengths;
+    for (std::string_view a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+    if (r == nullptr) {
+      absl::Status lost = unavailable(context->errstr);
+      redisFree(std::exchange(context, nullptr));  // the next command reconnects
+      return lost;
+    }
+    return reply_ptr(r);
+  }
+
+  std::string key(std::string_view name) const { return absl::StrCat(options.prefix, av(name)); }
+
+  absl::Status unavailable(std::string_view what) const {
+    return absl::UnavailableError(absl::StrCat("the directory's Redis server at ", options.address,
+                                               " port ", options.port,
+                                               " cannot be reached: ", av(what)));
+  }
+
+  absl::Status connect_locked() {
+    if (context != nullptr) return absl::OkStatus();
+    redisContext* c = redisConnectWithTimeout(options.address.c_str(), options.port,
+                                              as_timeval(options.io_timeout));
+    if (c == nullptr) return unavailable("out of memory");
+    if (c->err != 0) {
+      absl::Status s = unavailable(c->errstr);
+      redisFree(c);
+      return s;
+    }
+    if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
+      absl::Status s = unavailable("its timeout cannot be set");
+      redisFree(c);
+      return s;
+    }
+    context = c;
+    return absl::OkStatus();
+  }
+
+  const remote_directory_options options;
+  std::mutex mutex;
+  redisContext* context = nullptr;  // guarded by mutex
+  // Where the awaitable import waits, off the runtime's threads.
+  asio::thread_pool pool{1};
+};
+
+absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
+    remote_directory_options options) {
+  if (options.address.empty()) {
+    return absl::InvalidArgumentError(
+        "remote_directory_options::address is empty; name the Redis server");
+  }
+  if (options.io_timeout.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote_directory_options::io_timeout = ", options.io_timeout.count(),
+                     " ms: it must be above 0"));
+  }
+  auto i = std::make_unique<impl>(std::move(options));
+  {
+    std::lock_guard lock(i->mutex);
+    if (absl::Status s = i->connect_locked(); !s.ok()) return s;
+  }
+  return std::unique_ptr<remote_directory>(new remote_directory(std::move(i)));
+}
+
+remote_directory::remote_directory(std::unique_ptr<impl> impl) noexcept : impl_(std::move(impl)) {}
+remote_directory::~remote_directory() = default;
+
+const remote_directory_options& remote_directory::options() const noexcept {
+  return impl_->options;
+}
+
+namespace {
+
+absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const std::string& bytes,
+                       std::chrono::milliseconds ttl) {
+  if (absl::Status s = check_name(name); !s.ok()) return s;
+  if (ttl.count() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("a directory entry's ttl of ", ttl.count(),
+                                                   " ms; give it the lease, above 0"));
+  }
+  const std::string key = d.key(name);
+  const std::string ms = std::to_string(ttl.count());
+  absl::StatusOr<reply_ptr> r = d.command({"SET", key, bytes, "PX", ms, "NX"});
+  if (!r.ok()) return r.status();
+  if ((*r)->type == REDIS_REPLY_NIL) {
+    return absl::AlreadyExistsError(absl::StrCat("the name \"", av(name),
+                                                 "\" is taken in the directory; choose another, or "
+                                                 "withdraw it first"));
+  }
+  if ((*r)->type == REDIS_REPLY_STATUS) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("the directory's server refused the entry: ",
+                                             absl::string_view((*r)->str, (*r)->len)));
+}
+
+}  // namespace
+
+absl::Status remote_directory::put(std::string_view name, const remote_descriptor& descriptor,
+                                   std::chrono::milliseconds ttl) {
+  return put_bytes(*impl_, name, descriptor.encode(), ttl);
+}
+
+absl::Status remote_directory::put(std::string_view name, const remote_bundle& bundle,
+                                   std::chrono::milliseconds ttl) {
+  return put_bytes(*impl_, name, bundle.encode(), ttl);
+}
+
+absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
+  if (absl::Status s = check_name(name); !s.ok()) return s;
+  const std::string key = impl_->key(name);
+  // At most one byte past the bound: an honest server sends no more.
+  const std::string last = std::to_string(max_entry_bytes);
+  absl::StatusOr<reply_ptr> r = impl_->command({"GETRANGE", key, "0", last});
+  if (!r.ok()) return r.status();
+  const redisReply& reply = **r;
+  if (reply.type == REDIS_REPLY_ERROR || reply.type != REDIS_REPLY_STRING) {
+    return absl::DataLossError(
+        absl::StrCat("the directory holds no entry's string under \"", av(name), "\" (Redis: ",
+                     reply.type == REDIS_REPLY_ERROR ? absl::string_view(reply.str, reply.len)
+                                                     : absl::string_view("a reply of another type"),
+                     "); something else wrote that key"));
+  }
+  if (reply.len > max_entry_bytes) {
+    return absl::OutOfRangeError(absl::StrCat("the directory's entry under \"", av(name),
+                                              "\" is longer than the ", max_entry_bytes,
+                                              " bytes an entry may have"));
+  }
+  const std::string_view bytes(reply.str, reply.len);
+  if (bytes.empty()) {
+    // GETRANGE gives nothing for a missing key, and for an empty string.
+    absl::StatusOr<reply_ptr> e = impl_->command({"EXISTS", key});
+    if (!e.ok()) return e.status();
+    if ((*e)->type == REDIS_REPLY_INTEGER && (*e)->integer == 0) {
+      return absl::NotFoundError(absl::StrCat("the directory holds nothing under \"", av(name),
+                                              "\": never put, withdrawn, or its lease ended"));
+    }
+    return absl::DataLossError(
+        absl::StrCat("the directory holds an empty string under \"", av(name), "\", no entry"));
+  }
+  if (bytes.substr(0, 4) == "DLRB") {
+    absl::StatusOr<remote_bundle> b = remote_bundle::decode(bytes);
+    if (!b.ok()) return b.status();
+    return remote_entry(*std::move(b));
+  }
+  absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(bytes);
+  if (!d.ok()) return d.status();
+  return remote_entry(*std::move(d));
+}
+
+namespace {
+
+// Calls `done` every 1 ms at first, every 50 ms at most, until it says true
+// or `wait` has passed: false then.
+bool poll(std::chrono::milliseconds wait, absl::FunctionRef<bool()> done) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    if (done()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return false;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, until - now));
+    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
+                                                        std::chrono::milliseconds wait) {
+  absl::StatusOr<remote_entry> e = absl::NotFoundError("");
+  const bool ended = poll(wait, [&] {
+    e = find(name);
+    return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
+  });
+  if (ended) return e;
+  return absl::DeadlineExceededError(absl::StrCat(
+      "nothing appeared under \"", av(name), "\" in the directory within ", wait.count(),
+      " ms; the exporter has not published it yet, or under another name"));
+}
+
+absl::Status remote_directory::wait_withdrawn(std::string_view name,
+                                              std::chrono::milliseconds wait) {
+  if (absl::Status s = check_name(name); !s.ok()) return s;
+  const std::string key = impl_->key(name);
+  absl::Status failed;
+  const bool ended = poll(wait, [&] {
+    absl::StatusOr<reply_ptr> r = impl_->command({"EXISTS", key});
+    if (!r.ok()) failed = r.status();
+    return !r.ok() || ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0);
+  });
+  if (!failed.ok()) return failed;
+  if (ended) return absl::OkStatus();
+  return absl::DeadlineExceededError(
+      absl::StrCat("\"", av(name), "\" is still in the directory after ", wait.count(), " ms"));
+}
+
+absl::Status remote_directory::withdraw(std::string_view name) {
+  if (absl::Status s = check_name(name); !s.ok()) return s;
+  absl::StatusOr<reply_ptr> r = impl_->command({"DEL", impl_->key(name)});
+  if (!r.ok()) return r.status();
+  if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("the directory holds nothing under \"", av(name), "\""));
+  }
+  return absl::OkStatus();
+}
+
+#if defined(ASIO_HAS_CO_AWAIT)
+asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
+    remote_node& node, remote_directory& directory, std::string name,
+    std::chrono::milliseconds wait, remote_import_options options) {
+  // The wait blocks a thread: the directory's, not the runtime's.
+  absl::StatusOr<remote_entry> entry = co_await asio::co_spawn(
+      directory.get_impl().pool.get_executor(),
+      [&]() -> asio::awaitable<absl::StatusOr<remote_entry>> {
+        co_return directory.wait_for(name, wait);
+      },
+      asio::use_awaitable);
+  if (!entry.ok()) co_return entry.status();
+  if (auto* d = std::get_if<remote_descriptor>(&*entry)) {
+    absl::StatusOr<tensor> t = co_await import_remote(node, *d, options);
+    if (!t.ok()) co_return t.status();
+    std::vector<tensor> one;
+    one.push_back(*std::move(t));
+    co_return one;
+  }
+  co_return co_await import_remote_bundle(node, std::get<remote_bundle>(*std::move(entry)),
+                                          options);
+}
+#endif
+
+}  // namespace dlasync

@@ -1,0 +1,261 @@
+// The directory of names (dlasync/remote_directory.hpp) against a Redis
+// server the tests start on loopback: names put, found, waited for,
+// withdrawn and gone with their lease; imports by name; and a store that
+// holds what no exporter put there.
+#include "dlasync/remote_directory.hpp"
+
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asio/co_spawn.hpp"
+#include "asio/use_future.hpp"
+#include "catch2/catch.hpp"
+#include "remote/remote_fixture.hpp"
+#include "remote/remote_support.hpp"
+#include "support/runtime_fixture.hpp"
+
+namespace dlasync {
+namespace {
+
+// Where redis-server is on PATH; empty when it is not.
+std::string redis_server_path() {
+  const char* path = std::getenv("PATH");
+  std::istringstream dirs(path != nullptr ? path : "/usr/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string candidate = dir + "/redis-server";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return {};
+}
+
+std::uint16_t free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(a);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A Redis server of the test's own, on loopback, saving nothing.
+class redis_server {
+ public:
+  explicit redis_server(std::uint16_t port = free_port()) : port_(port) {
+    const std::string path = redis_server_path();
+    if (path.empty()) {
+      FAIL(
+          "redis-server is not on PATH: the directory's tests start one on loopback; install "
+          "Debian's redis-server (the README's test command does)");
+    }
+    process_ = std::make_unique<testing::peer_process>(
+        path, std::vector<std::string>{"--port", std::to_string(port_), "--bind", "127.0.0.1",
+                                       "--save", "", "--appendonly", "no", "--logfile", "/dev/null",
+                                       "--daemonize", "no"});
+    REQUIRE(process_->running());
+    // Up once it answers.
+    REQUIRE(testing::eventually([&] { return remote_directory::connect(options()).ok(); }));
+  }
+  remote_directory_options options() const {
+    remote_directory_options o;
+    o.port = port_;
+    o.io_timeout = std::chrono::milliseconds(1000);
+    return o;
+  }
+  std::uint16_t port() const { return port_; }
+  void stop() { process_.reset(); }
+
+  // A command of the test's own, bypassing the directory: what a store
+  // could hold that no exporter put there.
+  void raw(const std::vector<std::string>& args) {
+    redisContext* c = redisConnect("127.0.0.1", port_);
+    REQUIRE(c != nullptr);
+    REQUIRE(c->err == 0);
+    std::vector<const char*> argv;
+    std::vector<std::size_t> lengths;
+    for (const std::string& a : args) {
+      argv.push_back(a.data());
+      lengths.push_back(a.size());
+    }
+    auto* r = static_cast<redisReply*>(
+        redisCommandArgv(c, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+    REQUIRE(r != nullptr);
+    INFO(std::string(r->str != nullptr ? r->str : ""));
+    REQUIRE(r->type != REDIS_REPLY_ERROR);
+    freeReplyObject(r);
+    redisFree(c);
+  }
+
+ private:
+  std::uint16_t port_;
+  std::unique_ptr<testing::peer_process> process_;
+};
+
+std::unique_ptr<remote_directory> directory_at(const redis_server& server) {
+  absl::StatusOr<std::unique_ptr<remote_directory>> d = remote_directory::connect(server.options());
+  INFO(d.status().ToString());
+  REQUIRE(d.ok());
+  return *std::move(d);
+}
+
+absl::StatusOr<std::vector<tensor>> import_named(remote_node& node, remote_directory& dir,
+                                                 const std::string& name,
+                                                 std::chrono::milliseconds wait) {
+  std::future<absl::StatusOr<std::vector<tensor>>> f = asio::co_spawn(
+      node.get_executor(), import_remote_named(node, dir, name, wait), asio::use_future);
+  REQUIRE(f.wait_for(60s) == std::future_status::ready);
+  return f.get();
+}
+
+}  // namespace
+
+TEST_CASE("a publication found by its name is imported, and a name is taken once",
+          "[remote][directory]") {
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  publish_options lease;
+  lease.lease = 30s;
+  auto one = publish_here(nodes.out(), "transposed", {8, 4}, lease, 5);
+  REQUIRE(dir->put("one", one->descriptor, lease.lease).ok());
+  REQUIRE(dir->put("one", one->descriptor, lease.lease).code() == absl::StatusCode::kAlreadyExists);
+  absl::StatusOr<remote_entry> found = dir->find("one");
+  REQUIRE(found.ok());
+  REQUIRE(std::get<remote_descriptor>(*found).encode() == one->descriptor.encode());
+  absl::StatusOr<std::vector<tensor>> got = import_named(nodes.in(), *dir, "one", 1s);
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 1);
+  check_bytes(got->front(), "transposed", {8, 4}, dtypes::float32, 5);
+  REQUIRE(testing::eventually([&] { return one->count.calls.load() == 1; }));
+
+  // A bundle under a name: every member.
+  const std::vector<member_spec> members = {{"contiguous", {16, 16}}, {"negative", {4, 6}}};
+  auto batch = publish_bundle_here(nodes.out(), members, lease, 11);
+  REQUIRE(dir->put("batch", batch->bundle, lease.lease).ok());
+  got = import_named(nodes.in(), *dir, "batch", 1s);
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 2);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    check_bytes((*got)[i], members[i].layout, members[i].shape, dtypes::float32,
+                11 + static_cast<unsigned>(i));
+  }
+  // Withdrawn: gone, and a second withdrawal finds nothing.
+  REQUIRE(dir->withdraw("batch").ok());
+  REQUIRE(dir->find("batch").status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(dir->withdraw("batch").code() == absl::StatusCode::kNotFound);
+  // The name held an import whose lease the exporter ended: the import says so.
+  got = import_named(nodes.in(), *dir, "one", 1s);
+  REQUIRE(got.status().code() == absl::StatusCode::kNotFound);
+  REQUIRE_THAT(std::string(got.status().message()), Catch::Contains("is not published here"));
+}
+
+TEST_CASE("a name is waited for, and goes with its lease", "[remote][directory]") {
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  publish_options lease;
+  lease.lease = 400ms;
+  auto late = publish_here(nodes.out(), "contiguous", {64}, lease, 3);
+  std::thread publisher([&] {
+    std::this_thread::sleep_for(200ms);
+    auto writer = directory_at(server);
+    REQUIRE(writer->put("late", late->descriptor, lease.lease).ok());
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::vector<tensor>> got = import_named(nodes.in(), *dir, "late", 5s);
+  publisher.join();
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  REQUIRE(std::chrono::steady_clock::now() - start >= 150ms);
+  check_bytes(got->front(), "contiguous", {64}, dtypes::float32, 3);
+  // The entry lives as long as the lease, no longer.
+  REQUIRE(dir->wait_withdrawn("late", 5s).ok());
+  REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+  REQUIRE(dir->find("late").status().code() == absl::StatusCode::kNotFound);
+  // Nothing appears: DeadlineExceeded after the wait, not before.
+  const auto waited = std::chrono::steady_clock::now();
+  absl::StatusOr<remote_entry> never = dir->wait_for("never", 100ms);
+  REQUIRE(never.status().code() == absl::StatusCode::kDeadlineExceeded);
+  REQUIRE_THAT(std::string(never.status().message()), Catch::Contains("within 100 ms"));
+  REQUIRE(std::chrono::steady_clock::now() - waited >= 100ms);
+  REQUIRE(dir->wait_withdrawn("never", 10ms).ok());
+  got = import_named(nodes.in(), *dir, "never", 50ms);
+  REQUIRE(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("what the store holds is untrusted: refused by name and kind, never misread",
+          "[remote][directory]") {
+  redis_server server;
+  auto dir = directory_at(server);
+  server.raw({"SET", "dlasync:junk", "hello"});
+  absl::StatusOr<remote_entry> e = dir->find("junk");
+  REQUIRE(e.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(e.status().message()), Catch::Contains("DLRD"));
+  server.raw({"SET", "dlasync:cut", std::string("DLRB\x01\x00\x00\x00", 8)});
+  e = dir->find("cut");
+  REQUIRE(e.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(e.status().message()), Catch::Contains("cut short"));
+  server.raw({"HSET", "dlasync:hash", "field", "value"});
+  e = dir->find("hash");
+  REQUIRE(e.status().code() == absl::StatusCode::kDataLoss);
+  REQUIRE_THAT(std::string(e.status().message()), Catch::Contains("WRONGTYPE"));
+  server.raw({"SET", "dlasync:empty", ""});
+  REQUIRE(dir->find("empty").status().code() == absl::StatusCode::kDataLoss);
+  server.raw({"SET", "dlasync:huge", std::string(remote_directory::max_entry_bytes + 8, 'x')});
+  e = dir->find("huge");
+  REQUIRE(e.status().code() == absl::StatusCode::kOutOfRange);
+  // Names and times to live out of range.
+  remote_descriptor d;
+  REQUIRE(dir->put("", d, 1s).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(dir->put(std::string(remote_directory::max_name_bytes + 1, 'n'), d, 1s).code() ==
+          absl::StatusCode::kInvalidArgument);
+  REQUIRE(dir->put("zero", d, 0ms).code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(dir->find("").status().code() == absl::StatusCode::kInvalidArgument);
+  // Another prefix keeps apart.
+  remote_directory_options other = server.options();
+  other.prefix = "elsewhere:";
+  auto apart = remote_directory::connect(other);
+  REQUIRE(apart.ok());
+  REQUIRE((*apart)->find("junk").status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("a directory whose server goes says so, and finds it again when it is back",
+          "[remote][directory]") {
+  remote_directory_options nowhere;
+  nowhere.port = free_port();
+  absl::StatusOr<std::unique_ptr<remote_directory>> none = remote_directory::connect(nowhere);
+  REQUIRE(none.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE_THAT(std::string(none.status().message()),
+               Catch::Contains("127.0.0.1 port " + std::to_string(nowhere.port)));
+  remote_directory_options bad;
+  bad.address = "";
+  REQUIRE(remote_directory::connect(bad).status().code() == absl::StatusCode::kInvalidArgument);
+
+  auto server = std::make_unique<redis_server>();
+  const std::uint16_t port = server->port();
+  auto dir = directory_at(*server);
+  REQUIRE(dir->find("x").status().code() == absl::StatusCode::kNotFound);
+  server->stop();
+  absl::StatusOr<remote_entry> gone = dir->find("x");
+  REQUIRE(gone.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE_THAT(std::string(gone.status().message()),
+               Catch::Contains("port " + std::to_string(port)));
+  server = std::make_unique<redis_server>(port);
+  REQUIRE(dir->find("x").status().code() == absl::StatusCode::kNotFound);
+}
+
+}  // namespace dlasync
