@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/limits.hpp"
+#include "remote/src/plan_remote.hpp"
 
 namespace dlasync {
 namespace {
@@ -279,12 +280,6 @@ absl::StatusOr<remote_bundle> remote_bundle::decode(std::string_view bytes) {
     member& m = b.members[i];
     r.set_what(absl::StrCat("remote bundle, member ", i));
     DLASYNC_GET(r, m.index, "index");
-    if (m.index >= b.published || (i > 0 && m.index <= b.members[i - 1].index)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("remote bundle, member ", i, ": index ", m.index, " after ",
-                       i > 0 ? absl::StrCat(b.members[i - 1].index) : std::string("none"), " of ",
-                       b.published, " published; indices rise and lie below the count published"));
-    }
     if (absl::Status s = get_tensor(r, m.descriptor); !s.ok()) return s;
     m.descriptor.lease_id = b.lease_id;
     m.descriptor.exporter_address = b.exporter_address;
@@ -292,6 +287,7 @@ absl::StatusOr<remote_bundle> remote_bundle::decode(std::string_view bytes) {
   }
   r.set_what("remote bundle");
   if (absl::Status s = check_end(r); !s.ok()) return s;
+  if (absl::Status s = remote_detail::check_member_indices(b); !s.ok()) return s;
   return b;
 }
 

@@ -139,7 +139,11 @@ void remote_core::release_hold_locked(std::map<std::uint64_t, publication>::iter
                                       std::map<std::uint64_t, hold>::iterator h) {
   publication& pub = it->second;
   pub.holds.erase(h);
-  if (++pub.releases >= pub.importers) {
+  count_release_locked(it);
+}
+
+void remote_core::count_release_locked(std::map<std::uint64_t, publication>::iterator it) {
+  if (++it->second.releases >= it->second.importers) {
     retire_locked(it);
     drop_retired_locked();
   }

@@ -90,7 +90,7 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
     const std::size_t n = std::min(message.size(), sizeof(r.message) - 1);
     std::memcpy(r.message, message.data(), n);
     r.message[n] = '\0';
-    send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
+    send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r));
   };
   auto it = publications_.find(m.lease_id);
   const auto now = std::chrono::steady_clock::now();
@@ -132,30 +132,30 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
   const std::uint64_t min_run = options_.min_run_bytes != 0
                                     ? options_.min_run_bytes
                                     : remote_detail::default_min_sent_run_bytes;
-  auto plan_of = [&](const published_member& member) {
-    return m.send_bytes != 0 ? remote_detail::choose_plan(member.description, member.plan, min_run)
-                             : piece_plan::none;
-  };
-  std::vector<piece_plan> plans;
-  plans.reserve(asked->size());
+  // How each member asked for is sent, walked once for the grant and the
+  // pieces alike.
+  std::vector<remote_detail::piece_walk> walks;
+  walks.reserve(asked->size());
   for (std::uint32_t index : *asked) {
     const published_member& member = pub.members[index];
-    plans.push_back(plan_of(member));
-    r.pieces += remote_detail::piece_walk(member.description, member.plan, plans.back()).count();
+    walks.emplace_back(member.description, member.plan,
+                       m.send_bytes != 0
+                           ? remote_detail::choose_plan(member.description, member.plan, min_run)
+                           : piece_plan::none);
+    r.pieces += walks.back().count();
   }
-  if (listed) return grant_bundle_locked(it, r, m, *asked, plans, ep);
+  if (listed) return grant_bundle_locked(it, r, m, *asked, walks, ep);
   // One tensor: its plan in the grant, and its bytes too when small.
-  r.plan = static_cast<std::uint8_t>(plans[0]);
-  const published_member& only = pub.members[0];
-  const remote_detail::piece_walk walk(only.description, only.plan, plans[0]);
+  const remote_detail::piece_walk& walk = walks[0];
+  r.plan = static_cast<std::uint8_t>(walk.plan());
   if ((m.flags & remote_detail::request_bytes_with_grant) != 0 && m.send_bytes == 1 &&
-      plans[0] != piece_plan::gathered && walk.count() == 1 &&
+      walk.plan() != piece_plan::gathered && walk.count() == 1 &&
       walk.at(0).length <= remote_detail::max_bytes_with_grant) {
     return grant_with_bytes_locked(it, r, walk.at(0), ep);
   }
   grant_hold_locked(pub, r, ep);
-  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r), true);
-  send_member_locked(pub, 0, 0, m.request_id, ep, plans[0]);
+  send_locked(ep, remote_detail::am_hold_reply, &r, sizeof(r));
+  send_member_locked(pub, 0, 0, m.request_id, ep, walk);
   ucx_->progress();
 }
 
@@ -181,7 +181,8 @@ void append(std::vector<std::byte>& out, const T& value) {
 void remote_core::grant_bundle_locked(std::map<std::uint64_t, publication>::iterator it,
                                       hold_reply& r, const hold_request& m,
                                       const std::vector<std::uint32_t>& asked,
-                                      const std::vector<piece_plan>& plans, ucp_ep_h ep) {
+                                      const std::vector<remote_detail::piece_walk>& walks,
+                                      ucp_ep_h ep) {
   publication& pub = it->second;
   // Each member's plan, for the grant; and the members of one piece, whole
   // or dense, which can go packed (`sources`: where their bytes are).
@@ -191,12 +192,12 @@ void remote_core::grant_bundle_locked(std::map<std::uint64_t, publication>::iter
   std::uint64_t one_piece_bytes = 0;
   bool all_one_piece = true;
   for (std::size_t k = 0; k < asked.size(); ++k) {
-    const published_member& member = pub.members[asked[k]];
-    const remote_detail::piece_walk walk(member.description, member.plan, plans[k]);
-    table[k].plan = static_cast<std::uint8_t>(plans[k]);
+    const remote_detail::piece_walk& walk = walks[k];
+    table[k].plan = static_cast<std::uint8_t>(walk.plan());
     table[k].pieces = walk.count();
     if (walk.count() == 0) continue;
-    if ((plans[k] != piece_plan::whole && plans[k] != piece_plan::dense) || walk.count() != 1) {
+    if ((walk.plan() != piece_plan::whole && walk.plan() != piece_plan::dense) ||
+        walk.count() != 1) {
       all_one_piece = false;
       continue;
     }
@@ -257,10 +258,7 @@ void remote_core::grant_bundle_locked(std::map<std::uint64_t, publication>::iter
   send_built_locked(ep, remote_detail::am_hold_reply, std::move(grant), sizeof(r));
   if (with_bytes) {
     // The bytes were copied into the message: nothing reads the memory.
-    if (++pub.releases >= pub.importers) {
-      retire_locked(it);
-      drop_retired_locked();
-    }
+    count_release_locked(it);
     ucx_->progress();
     return;
   }
@@ -287,17 +285,17 @@ void remote_core::grant_bundle_locked(std::map<std::uint64_t, publication>::iter
       ++next_packed;
       continue;
     }
-    send_member_locked(pub, asked[k], static_cast<std::uint32_t>(k), m.request_id, ep, plans[k]);
+    send_member_locked(pub, asked[k], static_cast<std::uint32_t>(k), m.request_id, ep, walks[k]);
   }
   ucx_->progress();
 }
 
 void remote_core::send_member_locked(publication& pub, std::uint32_t index, std::uint32_t place,
-                                     std::uint64_t request_id, ucp_ep_h ep, piece_plan plan) {
+                                     std::uint64_t request_id, ucp_ep_h ep,
+                                     const remote_detail::piece_walk& walk) {
+  const piece_plan plan = walk.plan();
   if (plan == piece_plan::none) return;  // read by RMA
   if (plan == piece_plan::gathered) return send_gathered_locked(pub, index, place, request_id, ep);
-  const published_member& member = pub.members[index];
-  const remote_detail::piece_walk walk(member.description, member.plan, plan);
   for (std::uint64_t i = 0; i < walk.count(); ++i) {
     const remote_detail::piece_range range = walk.at(i);
     remote_detail::piece header;
@@ -322,10 +320,7 @@ void remote_core::grant_with_bytes_locked(std::map<std::uint64_t, publication>::
   // hold has ended the publication retires, and its producer goes once no
   // send reads its memory any more (on_read_done_locked; a completion run
   // inside send_am only counts the read down, so `it` still stands).
-  if (++pub.releases >= pub.importers) {
-    retire_locked(it);
-    drop_retired_locked();
-  }
+  count_release_locked(it);
   ucx_->progress();
 }
 
@@ -365,7 +360,7 @@ void remote_core::send_refusal_locked(const gather_target& to, absl::StatusCode 
   header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
   header.member = to.place;
   header.count = 1;
-  send_locked(to.ep, remote_detail::am_piece, &header, sizeof(header), true);
+  send_locked(to.ep, remote_detail::am_piece, &header, sizeof(header));
 }
 
 void remote_core::send_gathered_locked(publication& pub, std::uint32_t index, std::uint32_t place,

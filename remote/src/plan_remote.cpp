@@ -113,6 +113,18 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
   return out;
 }
 
+absl::Status check_member_indices(const remote_bundle& b) {
+  for (std::size_t i = 0; i < b.members.size(); ++i) {
+    const std::uint32_t index = b.members[i].index;
+    if (index < b.published && (i == 0 || index > b.members[i - 1].index)) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote bundle, member ", i, ": index ", index, " after ",
+                     i > 0 ? absl::StrCat(b.members[i - 1].index) : std::string("none"), " of ",
+                     b.published, " published; indices rise and lie below the count published"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status for_member(const absl::Status& s, std::size_t i, std::size_t n) {
   absl::Status out(s.code(), absl::StrCat("bundle member ", i, " of ", n, ": ", s.message()));
   s.ForEachPayload(

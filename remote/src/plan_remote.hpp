@@ -43,6 +43,11 @@ struct remote_plan {
 absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import_options& options,
                                         const device_registry& registry);
 
+// Whether `b`'s members' indices rise and lie below the count published:
+// InvalidArgument naming the first member that breaks the rule. Both a
+// decoded bundle and one an importer made are held to it.
+absl::Status check_member_indices(const remote_bundle& b);
+
 // `s` with "bundle member `i` of `n`: " before its message, its payloads
 // (the import_error) kept.
 absl::Status for_member(const absl::Status& s, std::size_t i, std::size_t n);

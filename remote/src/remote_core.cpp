@@ -180,20 +180,14 @@ ucs_status_t remote_core::on_am_packed(void* arg, const void* header, std::size_
 }
 
 void remote_core::send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length,
-                              bool reply, std::string_view data) {
-  ucx_worker::am_message m;
-  m.id = id;
-  const auto* bytes = static_cast<const std::byte*>(header);
-  m.bytes.reserve(length + data.size());
-  m.bytes.assign(bytes, bytes + length);
-  if (!data.empty()) {
-    const auto* more = reinterpret_cast<const std::byte*>(data.data());
-    m.bytes.insert(m.bytes.end(), more, more + data.size());
-    m.carried_by = ucx_worker::am_message::protocol::eager;
-  }
-  m.header_bytes = length;
-  m.reply = reply;
-  (void)ucx_->send_am(ep, std::move(m));
+                              std::string_view data) {
+  std::vector<std::byte> bytes;
+  bytes.reserve(length + data.size());
+  const auto* h = static_cast<const std::byte*>(header);
+  bytes.assign(h, h + length);
+  const auto* more = reinterpret_cast<const std::byte*>(data.data());
+  bytes.insert(bytes.end(), more, more + data.size());
+  send_built_locked(ep, id, std::move(bytes), length);
 }
 
 void remote_core::send_built_locked(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes,

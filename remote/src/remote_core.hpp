@@ -165,10 +165,10 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // memory) rather than emulating RMA with active messages.
   static bool native_rma(ucp_ep_h ep);
 
-  // Sends a small active message on `ep`, fire and forget; the header (and
-  // `data`, sent eagerly, with the message) is copied and kept until UCX is
-  // done with it. Requires the lock.
-  void send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length, bool reply,
+  // Sends a small active message on `ep` (with a reply endpoint), fire and
+  // forget; the header (and `data`, with the message) is copied and kept
+  // until UCX is done with it. Requires the lock.
+  void send_locked(ucp_ep_h ep, unsigned id, const void* header, std::size_t length,
                    std::string_view data = {});
 
  private:
@@ -203,20 +203,22 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void on_hold_release_locked(const remote_detail::hold_release& m, ucp_ep_h ep);
   // A hold for the importer on `ep`: its id and secret, in `r`.
   void grant_hold_locked(publication& pub, remote_detail::hold_reply& r, ucp_ep_h ep);
-  // Grants a bundle's members `asked` (sent as `plans`): the grant carries
-  // each member's plan; small members go packed, in the grant itself when
-  // all fit and the importer offered to take them so (the hold ends then).
+  // Grants a bundle's members `asked` (sent as `walks` cut them): the grant
+  // carries each member's plan; small members go packed, in the grant itself
+  // when all fit and the importer offered to take them so (the hold ends
+  // then).
   void grant_bundle_locked(std::map<std::uint64_t, publication>::iterator it,
                            remote_detail::hold_reply& r, const remote_detail::hold_request& m,
                            const std::vector<std::uint32_t>& asked,
-                           const std::vector<remote_detail::piece_plan>& plans, ucp_ep_h ep);
+                           const std::vector<remote_detail::piece_walk>& walks, ucp_ep_h ep);
   // Sends `bytes` (a header of `header_bytes`, then data) eagerly on `ep`.
   void send_built_locked(ucp_ep_h ep, unsigned id, std::vector<std::byte> bytes,
                          std::size_t header_bytes);
-  // Sends pub.members[index]'s bytes as piece plan `plan`, as the member
-  // at `place` of request `request_id`.
+  // Sends pub.members[index]'s bytes as `walk` cuts them, as the member at
+  // `place` of request `request_id`.
   void send_member_locked(publication& pub, std::uint32_t index, std::uint32_t place,
-                          std::uint64_t request_id, ucp_ep_h ep, remote_detail::piece_plan plan);
+                          std::uint64_t request_id, ucp_ep_h ep,
+                          const remote_detail::piece_walk& walk);
   // A compact copy of the member's tensor, made by the runtime and sent as
   // one piece when it is made.
   void send_gathered_locked(publication& pub, std::uint32_t index, std::uint32_t place,
@@ -255,9 +257,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void on_read_done_locked(std::uint64_t lease_id, ucp_ep_h ep = nullptr);
   // Closes the connection of an importer: its holds end.
   void close_importer_locked(ucp_ep_h ep);
-  // Counts a hold as released; ends the publication after its last one.
+  // Ends hold `h`, and counts it released.
   void release_hold_locked(std::map<std::uint64_t, publication>::iterator it,
                            std::map<std::uint64_t, hold>::iterator h);
+  // Counts a hold as released; ends the publication after its last one.
+  void count_release_locked(std::map<std::uint64_t, publication>::iterator it);
   // The connection on `ep` is gone: its holds are released.
   void drop_importer_locked(ucp_ep_h ep);
   void expire(std::uint64_t lease_id);

@@ -65,16 +65,13 @@ void remote_import::start(done_fn done, const remote_bundle& b, const import_opt
                                                       " members; import from 1 to ",
                                                       remote_bundle::max_members));
   }
+  if (refused.ok()) refused = remote_detail::check_member_indices(b);
   std::vector<member> members(refused.ok() ? b.members.size() : 0);
   for (std::size_t k = 0; k < members.size() && refused.ok(); ++k) {
     const remote_bundle::member& m = b.members[k];
     const remote_descriptor& d = m.descriptor;
-    if (m.index >= b.published || (k > 0 && m.index <= b.members[k - 1].index)) {
-      refused = absl::InvalidArgumentError(
-          absl::StrCat("bundle member ", k, " has index ", m.index, " of ", b.published,
-                       " published; indices rise and lie below the count published"));
-    } else if (d.lease_id != b.lease_id || d.exporter_address != b.exporter_address ||
-               d.exporter_port != b.exporter_port || !d.rkey.empty()) {
+    if (d.lease_id != b.lease_id || d.exporter_address != b.exporter_address ||
+        d.exporter_port != b.exporter_port || !d.rkey.empty()) {
       refused = absl::InvalidArgumentError(
           absl::StrCat("bundle member ", k, " names lease ", d.lease_id, " at ", d.exporter_address,
                        " port ", d.exporter_port, " where the bundle names lease ", b.lease_id,
@@ -258,7 +255,7 @@ void remote_import::request_hold_locked() {
   }
   hold_requested_ = true;
   sent_ = std::chrono::steady_clock::now();
-  core_->send_locked(endpoint_->ep, remote_detail::am_hold_request, &m, sizeof(m), true, asked);
+  core_->send_locked(endpoint_->ep, remote_detail::am_hold_request, &m, sizeof(m), asked);
   core_->ucx().progress();
 }
 
@@ -351,7 +348,7 @@ void remote_import::release_hold_locked() {
   m.lease_id = lease_id_;
   m.hold_id = hold_id_;
   m.secret = secret_;
-  core_->send_locked(endpoint_->ep, remote_detail::am_hold_release, &m, sizeof(m), true);
+  core_->send_locked(endpoint_->ep, remote_detail::am_hold_release, &m, sizeof(m));
   core_->ucx().progress();
 }
 
