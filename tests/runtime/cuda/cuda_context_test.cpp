@@ -108,8 +108,13 @@ TEST_CASE("a marker completes when its stream gets there, its callbacks where th
     o.completions = completions;
     std::shared_ptr<cuda_context> c = make_context(sim, {true, true}, o);
     std::atomic<bool> on_worker{false};
-    marker_ptr m = c->record(0, c->stream(0, 1));
+    // The stream is held until the callback is registered: a marker done
+    // already runs a new callback at once, on this thread.
+    cuda::stream_t s = c->stream(0, 1);
+    std::promise<void> open = gate(*sim, 0, s);
+    marker_ptr m = c->record(0, s);
     m->on_complete([&](const absl::Status&) { on_worker = pool.running_in_this_thread(); });
+    open.set_value();
     CHECK(wait(m).ok());
     c->quiesce();
     completions->detach();
