@@ -105,7 +105,14 @@ struct grpc_front::adoptions {
   }
 };
 
-class grpc_front::service final : public inference::GRPCInferenceService::CallbackService {
+// ModelInfer takes the request's bytes (a raw method), so that they are
+// walked against the message's descriptor and bounded before protobuf
+// parses them, as the UCX transport's are: a message of many tiny fields
+// parses into a hundred times its size.
+using infer_service = inference::GRPCInferenceService::WithRawCallbackMethod_ModelInfer<
+    inference::GRPCInferenceService::CallbackService>;
+
+class grpc_front::service final : public infer_service {
  public:
   service(asio::any_io_executor executor, kserve::model_handler& models, kserve::shm_registry& shm,
           std::shared_ptr<memory_budget> budget, buffer_pool& pool, server_stats& stats)
@@ -191,34 +198,39 @@ class grpc_front::service final : public inference::GRPCInferenceService::Callba
     return finish(ctx, absl::OkStatus());
   }
 
-  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* ctx,
-                                       const inference::ModelInferRequest* request,
-                                       inference::ModelInferResponse* response) override {
-    const std::uint64_t bytes = request->ByteSizeLong();
-    if (bytes > budget_->limit()) {
-      return finish(ctx, over_whole_budget(bytes, budget_->limit()));
-    }
+  grpc::ServerUnaryReactor* ModelInfer(grpc::CallbackServerContext* /*ctx*/,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override {
     auto* reactor = new infer_reactor();  // deletes itself in OnDone
+    const std::uint64_t bytes = request->Length();
+    if (bytes > budget_->limit()) {
+      const absl::Status s = over_whole_budget(bytes, budget_->limit());
+      stats_.count_answer(s.code());
+      reactor->finish(to_grpc(s));
+      return reactor;
+    }
     stats_.bytes_received.fetch_add(bytes);
-    // The call finishes when the last user of the request's bytes lets go:
-    // this coroutine, or a tensor that views raw_input_contents in place.
-    // Its bytes count against the memory budget from the grant until then.
-    auto state = std::make_shared<call_state>();
-    std::shared_ptr<void> call(nullptr, [reactor, state, budget = budget_](void*) {
-      if (state->held > 0) budget->release(state->held);
-      reactor->finish(state->status);
-    });
-    asio::co_spawn(executor_, infer(request, response, bytes, std::move(call), state),
-                   asio::detached);
+    // The message's slices, shared with gRPC's buffer (which gRPC frees
+    // once the call is finished).
+    auto slices = std::make_shared<std::vector<grpc::Slice>>();
+    if (const grpc::Status dumped = request->Dump(slices.get()); !dumped.ok()) {
+      const absl::Status s = absl::InvalidArgumentError(
+          absl::StrCat("the request's bytes could not be read: ", dumped.error_message()));
+      stats_.count_answer(s.code());
+      reactor->finish(to_grpc(s));
+      return reactor;
+    }
+    kserve::serialized_message m;
+    m.pieces.reserve(slices->size());
+    for (const grpc::Slice& slice : *slices) {
+      m.pieces.emplace_back(reinterpret_cast<const std::byte*>(slice.begin()), slice.size());
+    }
+    m.owner = std::move(slices);
+    asio::co_spawn(executor_, infer(std::move(m), bytes, reactor, response), asio::detached);
     return reactor;
   }
 
  private:
-  struct call_state {
-    grpc::Status status;
-    std::uint64_t held = 0;  // bytes granted from the memory budget
-  };
-
   grpc::ServerUnaryReactor* finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
     stats_.count_answer(s.code());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -226,23 +238,41 @@ class grpc_front::service final : public inference::GRPCInferenceService::Callba
     return reactor;
   }
 
-  // Waits for room in the memory budget, as the other fronts' requests do,
-  // then answers.
-  asio::awaitable<void> infer(const inference::ModelInferRequest* request,
-                              inference::ModelInferResponse* response, std::uint64_t bytes,
-                              std::shared_ptr<void> call, std::shared_ptr<call_state> state) {
+  // Waits for room in the memory budget for the message's bytes, as the
+  // other fronts' requests do, then answers it as the UCX transport's are
+  // (message_server::answer_serialized): the parsed message holds that room
+  // until the last tensor viewing its raw contents is released, which may
+  // be after the call is finished.
+  asio::awaitable<void> infer(kserve::serialized_message m, std::uint64_t bytes,
+                              infer_reactor* reactor, grpc::ByteBuffer* response) {
+    absl::StatusOr<std::string> answer;
     // (Not a conditional expression: GCC 12 destroys a co_await's result in
     // one twice.)
-    absl::Status s;
-    if (bytes > 0) s = co_await acquire(*budget_, bytes);
-    if (s.ok()) {
-      state->held = bytes;
-      s = co_await kserve::message_server{models_, shm_, *budget_, pool_}.answer(*request, call,
-                                                                                 *response);
+    absl::Status granted;
+    if (bytes > 0) granted = co_await acquire(*budget_, bytes);
+    if (!granted.ok()) {
+      answer = granted;
+    } else {
+      std::shared_ptr<void> room;
+      if (bytes > 0) {
+        room = std::shared_ptr<void>(nullptr,
+                                     [budget = budget_, bytes](void*) { budget->release(bytes); });
+      }
+      answer = co_await kserve::message_server{models_, shm_, *budget_, pool_}.answer_serialized(
+          std::move(m), std::move(room));
     }
-    stats_.count_answer(s.code());
-    state->status = to_grpc(s);
-    if (!s.ok()) response->Clear();
+    const grpc::Status status = to_grpc(answer.status());
+    stats_.count_answer(answer.status().code());
+    if (answer.ok()) {
+      // The serialized response handed to gRPC without a copy: the slice
+      // owns the string.
+      auto* owned = new std::string(*std::move(answer));
+      grpc::Slice slice(
+          owned->data(), owned->size(), [](void* p) { delete static_cast<std::string*>(p); },
+          owned);
+      *response = grpc::ByteBuffer(&slice, 1);
+    }
+    reactor->finish(status);
   }
 
   asio::any_io_executor executor_;

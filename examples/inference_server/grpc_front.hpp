@@ -3,19 +3,23 @@
 //
 // gRPC's callback API takes each call on gRPC's threads; an inference is
 // handed to the server's Asio executor as a coroutine, so one import path
-// (kserve_models.hpp) serves every front. The call is finished when the
-// last user of the request's bytes lets go: tensors imported in place from
-// raw_input_contents view the request message itself, so the message, which
-// gRPC frees once the call is finished, lives until their DLPack deleters
-// have run.
+// (kserve_models.hpp) serves every front. ModelInfer takes the request's
+// bytes, not a message gRPC parsed: they are answered as the UCX
+// transport's are (kserve_service.hpp, message_server::answer_serialized),
+// walked against the message's descriptor and bounded before protobuf
+// parses them, so that a message of many tiny fields cannot make the server
+// build a hundred times its size. Tensors imported in place from
+// raw_input_contents view the parsed message, which lives until their
+// DLPack deleters have run; the call is finished once the answer is ready.
 //
 // A request message is at most --max_request_mib (larger ones get
 // RESOURCE_EXHAUSTED from gRPC before any of it reaches the server), and
-// its bytes are taken from the memory budget while it is handled: it waits
-// for room, as the other fronts' requests do (RESOURCE_EXHAUSTED at once
-// when larger than the whole budget). gRPC's own memory (messages received,
-// waiting or not) is bounded by a resource quota (the server gives it the
-// budget plus one request's size). Errors carry the
+// its bytes are taken from the memory budget until the parsed message is
+// gone: it waits for room, as the other fronts' requests do
+// (RESOURCE_EXHAUSTED at once when larger than the whole budget). gRPC's
+// own memory (messages received, waiting or not, and a request's bytes
+// until its call is finished) is bounded by a resource quota (the server
+// gives it the budget plus one request's size). Errors carry the
 // absl::StatusCode of the error as the gRPC status code (the two share
 // their numbering) and the same messages as the REST front.
 //

@@ -413,15 +413,45 @@ void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m)
   for (const tensor_spec& s : meta.outputs) add(s, m.add_outputs());
 }
 
-absl::StatusOr<std::uint64_t> parsed_bytes_bound(const google::protobuf::Descriptor& type,
-                                                 const void* data, std::size_t size) {
-  if (size > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
-    return absl::InvalidArgumentError(absl::StrCat("a message of ", size, " bytes is too large"));
+joined_pieces::joined_pieces(std::span<const std::span<const std::byte>> pieces) {
+  streams_.reserve(pieces.size());
+  for (const std::span<const std::byte> p : pieces) {
+    streams_.push_back(&arrays_.emplace_back(p.data(), static_cast<int>(p.size())));
   }
-  CodedInputStream in(static_cast<const std::uint8_t*>(data), static_cast<int>(size));
+  joined_.emplace(streams_.data(), static_cast<int>(streams_.size()));
+}
+
+absl::StatusOr<std::uint64_t> parsed_bytes_bound(
+    const google::protobuf::Descriptor& type, std::span<const std::span<const std::byte>> pieces) {
+  std::size_t size = 0;
+  for (const std::span<const std::byte> p : pieces) {
+    size += p.size();
+    if (size < p.size() || size > static_cast<std::size_t>(std::numeric_limits<int>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a message of more than ", std::numeric_limits<int>::max(), " bytes is too large"));
+    }
+  }
   std::uint64_t total = message_cost(type);
+  if (pieces.size() <= 1) {
+    CodedInputStream in(
+        pieces.empty() ? nullptr : reinterpret_cast<const std::uint8_t*>(pieces[0].data()),
+        static_cast<int>(size));
+    if (absl::Status s = walk(type, type, in, 0, total); !s.ok()) return s;
+    return total;
+  }
+  // Several pieces (a gRPC message's slices): read as one stream, bounded
+  // by their sum.
+  joined_pieces joined(pieces);
+  CodedInputStream in(&joined.stream());
+  in.PushLimit(static_cast<int>(size));
   if (absl::Status s = walk(type, type, in, 0, total); !s.ok()) return s;
   return total;
+}
+
+absl::StatusOr<std::uint64_t> parsed_bytes_bound(const google::protobuf::Descriptor& type,
+                                                 const void* data, std::size_t size) {
+  const std::span<const std::byte> one(static_cast<const std::byte*>(data), size);
+  return parsed_bytes_bound(type, std::span<const std::span<const std::byte>>(&one, 1));
 }
 
 }  // namespace dlasync::examples::kserve

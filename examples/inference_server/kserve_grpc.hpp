@@ -9,10 +9,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <optional>
+#include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dlasync/dlasync.hpp"
+#include "google/protobuf/io/zero_copy_stream_impl.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "grpc_service.pb.h"
 #include "kserve.hpp"
 #include "shm_registry.hpp"
@@ -48,4 +54,24 @@ void to_message(const model_metadata& meta, inference::ModelMetadataResponse& m)
 //                    bound too), or messages nested deeper than 16.
 absl::StatusOr<std::uint64_t> parsed_bytes_bound(const google::protobuf::Descriptor& type,
                                                  const void* data, std::size_t size);
+// Pieces of a message (a gRPC message's slices), read in order as one
+// stream. Each piece is at most int's range of bytes.
+class joined_pieces {
+ public:
+  explicit joined_pieces(std::span<const std::span<const std::byte>> pieces);
+  joined_pieces(const joined_pieces&) = delete;
+  joined_pieces& operator=(const joined_pieces&) = delete;
+
+  google::protobuf::io::ZeroCopyInputStream& stream() { return *joined_; }
+
+ private:
+  std::deque<google::protobuf::io::ArrayInputStream> arrays_;  // neither copied nor moved
+  std::vector<google::protobuf::io::ZeroCopyInputStream*> streams_;
+  std::optional<google::protobuf::io::ConcatenatingInputStream> joined_;
+};
+
+// The same for a message in several pieces, read in order as one (a gRPC
+// message's slices).
+absl::StatusOr<std::uint64_t> parsed_bytes_bound(
+    const google::protobuf::Descriptor& type, std::span<const std::span<const std::byte>> pieces);
 }  // namespace dlasync::examples::kserve

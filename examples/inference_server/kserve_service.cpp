@@ -6,6 +6,20 @@
 #include "kserve_grpc.hpp"
 
 namespace dlasync::examples::kserve {
+namespace {
+
+// `m`'s bytes parsed into `request`; false where they are not one.
+bool parse(const serialized_message& m, inference::ModelInferRequest& request) {
+  if (m.pieces.size() <= 1) {
+    const std::span<const std::byte> one =
+        m.pieces.empty() ? std::span<const std::byte>() : m.pieces[0];
+    return request.ParseFromArray(one.data(), static_cast<int>(one.size()));
+  }
+  joined_pieces joined(m.pieces);
+  return request.ParseFromZeroCopyStream(&joined.stream());
+}
+
+}  // namespace
 
 asio::awaitable<absl::Status> message_server::answer(
     const inference::ModelInferRequest& request, const std::shared_ptr<void>& owner,
@@ -22,8 +36,21 @@ asio::awaitable<absl::Status> message_server::answer(
   co_return absl::OkStatus();
 }
 
+serialized_message serialized_message::of(std::unique_ptr<std::byte[]> bytes, std::size_t length) {
+  serialized_message m;
+  m.pieces.emplace_back(bytes.get(), length);
+  m.owner = std::shared_ptr<const std::byte[]>(std::move(bytes));
+  return m;
+}
+
+std::size_t serialized_message::length() const noexcept {
+  std::size_t n = 0;
+  for (const std::span<const std::byte> p : pieces) n += p.size();
+  return n;
+}
+
 asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
-    std::unique_ptr<std::byte[]> bytes, std::size_t length, std::shared_ptr<void> room) const {
+    serialized_message m, std::shared_ptr<void> room) const {
   // The parsed message holds the bytes' room in the budget until the last
   // tensor viewing its raw contents is released.
   struct held {
@@ -38,8 +65,9 @@ asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
   // bytes' room, and as much again, cover what a message of tensors takes;
   // past that (many tiny fields), the rest is taken from the budget now, or
   // the request is refused.
+  const std::size_t length = m.length();
   const absl::StatusOr<std::uint64_t> bound =
-      parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), bytes.get(), length);
+      parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), m.pieces);
   if (!bound.ok()) co_return bound.status();
   if (const std::uint64_t extra = *bound > 2 * length ? *bound - 2 * length : 0; extra > 0) {
     if (extra > budget.limit() || !budget.try_acquire(extra)) {
@@ -52,13 +80,13 @@ asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
         std::shared_ptr<void>(nullptr, [b = &budget, extra](void*) { b->release(extra); });
   }
   // (parsed_bytes_bound refused a length past int's range.)
-  if (!message->request.ParseFromArray(bytes.get(), static_cast<int>(length))) {
+  if (!parse(m, message->request)) {
     co_return absl::InvalidArgumentError(absl::StrCat(
         "the request's ", length,
         " bytes are not a ModelInferRequest (grpc_service.proto, inference package): send one "
         "serialized message"));
   }
-  bytes.reset();
+  m = {};
   inference::ModelInferResponse response;
   // The request's fields outlive every view of them: `owner` shares `message`.
   const std::shared_ptr<void> owner(message, &message->request);

@@ -8,7 +8,9 @@
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "asio/awaitable.hpp"
@@ -19,6 +21,17 @@
 #include "shm_registry.hpp"
 
 namespace dlasync::examples::kserve {
+
+// A serialized message as a transport received it: its bytes in one or
+// more pieces (in order), and their owner.
+struct serialized_message {
+  std::vector<std::span<const std::byte>> pieces;
+  std::shared_ptr<const void> owner;
+
+  // One buffer of `length` bytes, which the message then owns.
+  static serialized_message of(std::unique_ptr<std::byte[]> bytes, std::size_t length);
+  std::size_t length() const noexcept;
+};
 
 struct message_server {
   model_handler& models;
@@ -35,18 +48,17 @@ struct message_server {
                                        const std::shared_ptr<void>& owner,
                                        inference::ModelInferResponse& response) const;
 
-  // The answer to the serialized ModelInferRequest in `bytes` (`length` of
-  // them), serialized: the UCX transport's. The bytes are freed once parsed;
-  // `room`, their share of the budget, stays held for the parsed message
-  // until the last tensor that views it is released.
+  // The answer to a serialized ModelInferRequest, serialized: the UCX
+  // transport's and the gRPC front's. `m`'s pieces are let go of once
+  // parsed; `room`, the message's share of the budget, stays held for the
+  // parsed message until the last tensor that views it is released.
   //   InvalidArgument  bytes that are not a ModelInferRequest, or hold
   //                    fields it does not have (parsed_bytes_bound);
   //   ResourceExhausted  a message whose parsed form would take more than
   //                    twice its bytes, with no room in the budget for the
   //                    rest now;
   //   what answer() says.
-  asio::awaitable<absl::StatusOr<std::string>> answer_serialized(std::unique_ptr<std::byte[]> bytes,
-                                                                 std::size_t length,
+  asio::awaitable<absl::StatusOr<std::string>> answer_serialized(serialized_message m,
                                                                  std::shared_ptr<void> room) const;
 };
 

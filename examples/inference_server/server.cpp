@@ -330,7 +330,8 @@ int run() {
     // The same messages, and the same handler, as the gRPC front's.
     const kserve::message_server messages{models, shm, *memory, pool};
     auto answer = [messages](ucx_front::message m) {
-      return messages.answer_serialized(std::move(m.bytes), m.length, std::move(m.room));
+      return messages.answer_serialized(
+          kserve::serialized_message::of(std::move(m.bytes), m.length), std::move(m.room));
     };
     absl::StatusOr<std::unique_ptr<ucx_front>> front =
         ucx_front::create(rt.get_executor(), uo, memory, answer,

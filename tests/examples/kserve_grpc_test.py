@@ -161,6 +161,48 @@ def test_a_message_over_the_limit_is_refused(stub):
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
+def raw_infer(stub_channel, message):
+    """ModelInfer with the message's bytes as given, not made by protobuf."""
+    call = stub_channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                    request_serializer=None,
+                                    response_deserializer=service_pb2.ModelInferResponse.FromString)
+    with pytest.raises(grpc.RpcError) as e:
+        call(message)
+    return e.value.code(), e.value.details()
+
+
+@pytest.fixture(scope="module")
+def channel():
+    return grpc.insecure_channel(ADDRESS, options=[
+        ("grpc.max_send_message_length", 64 << 20)])
+
+
+def test_a_message_of_many_tiny_fields_is_refused_before_it_is_parsed(channel, stub):
+    # 1.9 million empty inputs (field 5, length 0): 3.8 MB on the wire, under
+    # --max_request_mib=4, and hundreds of MB once parsed, far past the
+    # server's 32 MiB budget.
+    message = b"\x0a\x03sum" + b"\x2a\x00" * 1_900_000
+    code, details = raw_infer(channel, message)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "once parsed (many small fields)" in details and "raw_input_contents" in details
+    # The server goes on answering.
+    assert stub.ModelInfer(sum_request([1.0, 2.0])).model_name == "sum"
+
+
+def test_a_field_the_message_does_not_have_is_refused(channel):
+    # Field 99 (varint 1) after a valid request.
+    message = sum_request([1.0]).SerializeToString() + b"\x98\x06\x01"
+    code, details = raw_infer(channel, message)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "field 99 is not one of inference.ModelInferRequest's" in details
+
+
+def test_bytes_that_are_no_message_are_refused(channel):
+    code, details = raw_infer(channel, b"\xff" * 16)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "the bytes are not a ModelInferRequest" in details
+
+
 def test_concurrent_calls_each_get_their_own_answer(client):
     errors = []
 

@@ -2,6 +2,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -297,7 +298,8 @@ TEST_CASE("a serialized request is answered, its room held until its tensors are
     });
     auto bytes = std::make_unique<std::byte[]>(std::max<std::size_t>(message.size(), 1));
     std::memcpy(bytes.get(), message.data(), message.size());
-    return host.run(server.answer_serialized(std::move(bytes), message.size(), std::move(room)));
+    return host.run(server.answer_serialized(
+        serialized_message::of(std::move(bytes), message.size()), std::move(room)));
   };
   SECTION("sum") {
     const std::vector<float> values{1, 2, 3, 4.5F};
@@ -369,6 +371,48 @@ TEST_CASE("a serialized request is answered, its room held until its tensors are
     CHECK(*bound >= values.size() * sizeof(float));
     CHECK(*bound < 2 * bytes.size());
     REQUIRE(answer(bytes).ok());
+  }
+  SECTION("a message in pieces (gRPC's slices) is bounded and answered as in one") {
+    inference::ModelInferRequest m = sum_request("p", std::vector<float>(1000, 2.0F));
+    const std::vector<std::byte> whole = serialize(m);
+    const auto in_pieces = [&](const std::vector<std::byte>& bytes, std::size_t cut) {
+      serialized_message s;
+      auto copy = std::make_shared<std::vector<std::byte>>(bytes);
+      for (std::size_t at = 0; at < copy->size(); at += cut) {
+        s.pieces.emplace_back(copy->data() + at, std::min(cut, copy->size() - at));
+      }
+      s.owner = copy;
+      return s;
+    };
+    for (const std::size_t cut : {std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+      const serialized_message s = in_pieces(whole, cut);
+      const absl::StatusOr<std::uint64_t> bound =
+          parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), s.pieces);
+      REQUIRE(bound.ok());
+      CHECK(*bound == *parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), whole.data(),
+                                          whole.size()));
+    }
+    REQUIRE(budget.try_acquire(whole.size()));
+    std::shared_ptr<void> room(nullptr, [&, n = whole.size()](void*) {
+      budget.release(n);
+      ++rooms_released;
+    });
+    const absl::StatusOr<std::string> r =
+        host.run(server.answer_serialized(in_pieces(whole, 7), std::move(room)));
+    REQUIRE(r.ok());
+    CHECK(*sum_of(*r, "p") == 2000.0);
+    // Tiny fields in pieces are refused as in one.
+    inference::ModelInferRequest tiny;
+    tiny.set_model_name("sum");
+    for (int i = 0; i < 20000; ++i) tiny.add_inputs();
+    const std::vector<std::byte> tiny_bytes = serialize(tiny);
+    REQUIRE(budget.try_acquire(tiny_bytes.size()));
+    std::shared_ptr<void> tiny_room(nullptr,
+                                    [&, n = tiny_bytes.size()](void*) { budget.release(n); });
+    require_status(
+        host.run(server.answer_serialized(in_pieces(tiny_bytes, 4096), std::move(tiny_room)))
+            .status(),
+        absl::StatusCode::kResourceExhausted, {"once parsed (many small fields)"});
   }
   SECTION("a request the model refuses") {
     inference::ModelInferRequest m = sum_request("x", std::vector<float>{1, 2});

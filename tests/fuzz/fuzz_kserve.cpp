@@ -14,10 +14,13 @@
 //   - every byte taken from the memory budget is given back once the request
 //     is dropped;
 //   - the HTTP parse never takes more body than the head announced.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "dlasync/dlasync.hpp"
 #include "http_parse.hpp"
@@ -105,8 +108,19 @@ void fuzz_rest(const std::uint8_t* data, std::size_t size) {
 }
 
 void fuzz_grpc(const std::uint8_t* data, std::size_t size) {
-  // The bound on what parsing builds, walked before parsing, on any bytes.
-  (void)kserve::parsed_bytes_bound(*inference::ModelInferRequest::descriptor(), data, size);
+  // The bound on what parsing builds, walked before parsing, on any bytes;
+  // the same bytes in pieces (as gRPC's slices come) must give the same.
+  const google::protobuf::Descriptor& type = *inference::ModelInferRequest::descriptor();
+  const absl::StatusOr<std::uint64_t> whole = kserve::parsed_bytes_bound(type, data, size);
+  std::vector<std::span<const std::byte>> pieces;
+  const auto* bytes = reinterpret_cast<const std::byte*>(data);
+  for (std::size_t at = 0, cut = 1; at < size; at += cut, cut = cut * 3 % 61 + 1) {
+    pieces.emplace_back(bytes + at, std::min(cut, size - at));
+  }
+  const absl::StatusOr<std::uint64_t> in_pieces = kserve::parsed_bytes_bound(type, pieces);
+  if (whole.ok() != in_pieces.ok() || (whole.ok() && *whole != *in_pieces)) {
+    fail("the bound differs for the same bytes in pieces");
+  }
   inference::ModelInferRequest m;
   if (!m.ParseFromArray(data, static_cast<int>(size))) return;
   memory_budget budget(1 << 20);
