@@ -93,7 +93,9 @@ struct shm_ref {
 
 // One input of a request: compact, row-major, host memory that `owner` keeps.
 // An input that names a shared-memory region has no bytes until they are
-// read from it (shm_registry.hpp).
+// read from it (shm_registry.hpp); one that names a member of the request's
+// remote bundle, until the bundle is fetched (kserve_service.hpp,
+// bundle_fetcher).
 struct input_tensor {
   std::string name;
   std::string datatype;
@@ -103,11 +105,17 @@ struct input_tensor {
   std::uint64_t bytes = 0;
   std::shared_ptr<void> owner;
   std::optional<shm_ref> shm;
+  // Its place among the members of the request's remote bundle
+  // (infer_request::bundle), where it names one (dlasync_bundle_member).
+  std::optional<std::uint32_t> bundle_member;
   bool read_only = false;  // bytes the server may not write (a gRPC message's)
 };
 
 // Dimensions a tensor in a request may have.
 inline constexpr std::size_t max_rank = 32;
+// The most members a remote bundle holds (dlasync::remote_bundle::
+// max_members; remote_inputs.cpp checks that they agree).
+inline constexpr std::uint32_t remote_bundle_max_members = 4096;
 
 // Sets `in.type` and `in.bytes` from its datatype and shape. InvalidArgument
 // naming the input for a datatype dtype_of refuses, more than max_rank
@@ -143,6 +151,9 @@ struct infer_request {
   std::vector<input_tensor> inputs;
   std::vector<output_request> outputs;  // empty: every output
   bool binary_outputs = false;          // the binary_data_output parameter
+  // The encoded dlasync::remote_bundle whose members inputs name (the
+  // request's dlasync_bundle parameter, base64-decoded); empty if none.
+  std::string bundle;
 };
 
 // One output: compact host bytes, kept by `owner`.

@@ -1,11 +1,13 @@
 #include "kserve_grpc.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <set>
 #include <string>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "buffer_pool.hpp"
@@ -63,6 +65,43 @@ absl::StatusOr<std::optional<shm_ref>> shm_of(const parameters& params, const st
   std::optional<std::string> name;
   if (region != params.end()) name = region->second.string_param();
   return shm_ref_of(label, std::move(name), *size, *offset);
+}
+
+// The request parameter that carries a remote bundle, and the input
+// parameter that names one of its members.
+const std::string bundle_param = "dlasync_bundle";
+const std::string member_param = "dlasync_bundle_member";
+
+// The member of the request's remote bundle that `params` name, if any.
+absl::StatusOr<std::optional<std::uint32_t>> bundle_member_of(const parameters& params,
+                                                              const std::string& label) {
+  absl::StatusOr<std::optional<std::uint64_t>> member = count_param(params, member_param, label);
+  if (!member.ok()) return member.status();
+  if (!member->has_value()) return std::nullopt;
+  if (**member >= remote_bundle_max_members) {
+    return absl::InvalidArgumentError(absl::StrCat(member_param, " of ", label, " is ", **member,
+                                                   "; a bundle holds at most ",
+                                                   remote_bundle_max_members, " members"));
+  }
+  return static_cast<std::uint32_t>(**member);
+}
+
+// The request's remote bundle (base64 in a string_param), decoded; empty
+// if none.
+absl::StatusOr<std::string> bundle_of(const parameters& params) {
+  const auto it = params.find(bundle_param);
+  if (it == params.end()) return std::string();
+  if (it->second.parameter_choice_case() != inference::InferParameter::kStringParam) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bundle_param, " of the request is ", kind_of(it->second), ", not a string_param (base64)"));
+  }
+  std::string bytes;
+  if (!absl::Base64Unescape(it->second.string_param(), &bytes) || bytes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        bundle_param, " of the request is not an encoded dlasync::remote_bundle in base64 (",
+        it->second.string_param().size(), " characters)"));
+  }
+  return bytes;
 }
 
 template <typename T, typename Field>
@@ -323,7 +362,21 @@ absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m
     absl::StatusOr<std::optional<shm_ref>> region = shm_of(t.parameters(), label);
     if (!region.ok()) return region.status();
     in.shm = *std::move(region);
-    if (in.shm) {
+    absl::StatusOr<std::optional<std::uint32_t>> member = bundle_member_of(t.parameters(), label);
+    if (!member.ok()) return member.status();
+    in.bundle_member = *member;
+    if (in.bundle_member) {
+      if (in.shm || t.has_contents()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, " gives its bytes more than one way: dlasync_bundle_member and ",
+                         in.shm ? "shared_memory_region" : "contents"));
+      }
+      if (!m.parameters().contains(bundle_param)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(label, " names member ", *in.bundle_member,
+                         " of a remote bundle, but the request has no dlasync_bundle parameter"));
+      }
+    } else if (in.shm) {
       if (t.has_contents()) {
         return absl::InvalidArgumentError(absl::StrCat(
             label, " gives its bytes more than one way: contents and shared_memory_region"));
@@ -358,8 +411,10 @@ absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m
       const absl::Status taken = take_contents(t.contents(), in, budget);
       if (!taken.ok()) return taken;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          label, " has no contents, raw_input_contents entry or shared_memory_region"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(label,
+                       " has no contents, raw_input_contents entry, shared_memory_region or "
+                       "dlasync_bundle_member"));
     }
     r.inputs.push_back(std::move(in));
   }
@@ -367,6 +422,16 @@ absl::StatusOr<infer_request> from_message(const inference::ModelInferRequest& m
     return absl::InvalidArgumentError(
         absl::StrCat("raw_input_contents holds ", raw_entries, " entries; ", raw_taken,
                      " inputs take them: one entry an input that names no shared memory"));
+  }
+  absl::StatusOr<std::string> bundle = bundle_of(m.parameters());
+  if (!bundle.ok()) return bundle.status();
+  r.bundle = *std::move(bundle);
+  const bool named = std::any_of(r.inputs.begin(), r.inputs.end(), [](const input_tensor& in) {
+    return in.bundle_member.has_value();
+  });
+  if (!r.bundle.empty() && !named) {
+    return absl::InvalidArgumentError(
+        "the request's dlasync_bundle is named by no input's dlasync_bundle_member");
   }
   for (const inference::ModelInferRequest::InferRequestedOutputTensor& o : m.outputs()) {
     output_request out;

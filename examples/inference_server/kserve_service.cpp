@@ -23,11 +23,21 @@ bool parse(const serialized_message& m, inference::ModelInferRequest& request) {
 
 asio::awaitable<absl::Status> message_server::answer(
     const inference::ModelInferRequest& request, const std::shared_ptr<void>& owner,
-    inference::ModelInferResponse& response) const {
+    std::string peer, inference::ModelInferResponse& response) const {
   absl::StatusOr<infer_request> parsed = from_message(request, owner, budget);
   if (!parsed.ok()) co_return parsed.status();
   const absl::Status read = read_inputs(*parsed, shm, budget, pool);
   if (!read.ok()) co_return read;
+  if (!parsed->bundle.empty()) {
+    if (bundles == nullptr) {
+      co_return absl::PermissionDeniedError(
+          "the request names a remote bundle (dlasync_bundle), which this server does not fetch "
+          "here: send it over the UCX transport of a server started with --allow_remote_inputs, "
+          "or send the bytes in the request");
+    }
+    const absl::Status fetched = co_await bundles->fetch(*parsed, std::move(peer));
+    if (!fetched.ok()) co_return fetched;
+  }
   absl::StatusOr<infer_response> answered = co_await models.infer(*std::move(parsed));
   if (!answered.ok()) co_return answered.status();
   const absl::Status written = write_outputs(*answered, shm);
@@ -86,11 +96,12 @@ asio::awaitable<absl::StatusOr<std::string>> message_server::answer_serialized(
         " bytes are not a ModelInferRequest (grpc_service.proto, inference package): send one "
         "serialized message"));
   }
-  m = {};
+  std::string peer = std::move(m.peer);
+  m = {};  // the bytes are let go of
   inference::ModelInferResponse response;
   // The request's fields outlive every view of them: `owner` shares `message`.
   const std::shared_ptr<void> owner(message, &message->request);
-  const absl::Status s = co_await answer(message->request, owner, response);
+  const absl::Status s = co_await answer(message->request, owner, std::move(peer), response);
   if (!s.ok()) co_return s;
   co_return response.SerializeAsString();
 }

@@ -27,10 +27,25 @@ namespace dlasync::examples::kserve {
 struct serialized_message {
   std::vector<std::span<const std::byte>> pieces;
   std::shared_ptr<const void> owner;
+  // The numeric address of the host that sent it (a remote bundle must
+  // come from there); empty where the transport does not say.
+  std::string peer;
 
   // One buffer of `length` bytes, which the message then owns.
   static serialized_message of(std::unique_ptr<std::byte[]> bytes, std::size_t length);
   std::size_t length() const noexcept;
+};
+
+// Fetches the members of a request's remote bundle that its inputs name
+// (remote_inputs.hpp, over dlasync::remote), so that they are the inputs'
+// bytes.
+class bundle_fetcher {
+ public:
+  virtual ~bundle_fetcher() = default;
+  // Gives each input of `r` that names a member of r.bundle its bytes and
+  // their owner. `peer` is the numeric address of the host the request
+  // came from.
+  virtual asio::awaitable<absl::Status> fetch(infer_request& r, std::string peer) = 0;
 };
 
 struct message_server {
@@ -38,14 +53,19 @@ struct message_server {
   const shm_registry& shm;
   memory_budget& budget;
   buffer_pool& pool;
+  // Where inputs named in a remote bundle come from; none: such requests
+  // are refused (PermissionDenied).
+  bundle_fetcher* bundles = nullptr;
 
-  // The answer to `request` in `response`: its inputs taken (from_message)
-  // and read from shared memory, the model run, the outputs that name a
-  // region written there. `owner` keeps `request` alive while a tensor views
-  // its raw contents. The errors of from_message, read_inputs, the model
-  // (model_handler::infer) and write_outputs.
+  // The answer to `request` in `response`: its inputs taken (from_message),
+  // read from shared memory and fetched from their remote bundle, the model
+  // run, the outputs that name a region written there. `owner` keeps
+  // `request` alive while a tensor views its raw contents; `peer` is the
+  // host it came from. The errors of from_message, read_inputs,
+  // bundle_fetcher::fetch, the model (model_handler::infer) and
+  // write_outputs.
   asio::awaitable<absl::Status> answer(const inference::ModelInferRequest& request,
-                                       const std::shared_ptr<void>& owner,
+                                       const std::shared_ptr<void>& owner, std::string peer,
                                        inference::ModelInferResponse& response) const;
 
   // The answer to a serialized ModelInferRequest, serialized: the UCX

@@ -72,6 +72,12 @@ ABSL_FLAG(std::uint32_t, seed, 1, "Random seed.");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports (UCX_TLS's syntax; empty: UCX's choice), --transport=ucx.");
 ABSL_FLAG(int, threads, 2, "Client threads (REST's connections; UCX's progress).");
+ABSL_FLAG(bool, remote_inputs, false,
+          "--transport=ucx: publish each valid request's input as a remote bundle and send the "
+          "bundle instead of the bytes (the server runs with --allow_remote_inputs).");
+ABSL_FLAG(std::string, remote_address, "127.0.0.1",
+          "--remote_inputs: the address of this host that the server reaches, where the "
+          "bundles are published.");
 
 namespace dlasync::examples {
 namespace {
@@ -179,6 +185,8 @@ int run() {
   load.server = {mib_flag(FLAGS_server_max_request_mib), mib_flag(FLAGS_server_budget_mib),
                  mib_flag(FLAGS_server_connection_budget_mib)};
   load.threads = absl::GetFlag(FLAGS_threads);
+  if (absl::GetFlag(FLAGS_remote_inputs))
+    load.remote_inputs_address = absl::GetFlag(FLAGS_remote_address);
   bool hostile = false;  // misbehaving peers, which send no load
   if (transport == "rest") {
     load.port = absl::GetFlag(FLAGS_http_port);

@@ -3,6 +3,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -22,7 +24,11 @@
 #include "kserve_requests.hpp"
 #include "nlohmann/json.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+#include "absl/strings/escaping.h"
 #include "asio/executor_work_guard.hpp"
+#include "dlasync/producer.hpp"
+#include "dlasync/remote.hpp"
+#include "kserve.hpp"
 #include "ucx_client.hpp"
 #include "ucx_protocol.hpp"
 #endif
@@ -421,7 +427,89 @@ void with_ucx_client(const std::string& transports, int threads, load_stats& sta
   for (std::thread& t : progress) t.join();
 }
 
+namespace {
+
+// Valid requests' inputs published as remote bundles (--remote_inputs), on
+// a node of this process that the server fetches them from; every
+// producer's deleter is counted.
+class bundle_publisher {
+ public:
+  static absl::StatusOr<std::unique_ptr<bundle_publisher>> create(const std::string& address,
+                                                                  const std::string& transports) {
+    runtime_options ro;
+    ro.cuda = "off";
+    absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(ro);
+    if (!rt.ok()) return rt.status();
+    remote_node_options no;
+    no.listen_address = address;
+    no.transports = transports;
+    absl::StatusOr<std::unique_ptr<remote_node>> node = remote_node::create(**rt, no);
+    if (!node.ok()) return node.status();
+    auto p = std::unique_ptr<bundle_publisher>(new bundle_publisher());
+    p->rt_ = *std::move(rt);
+    p->node_ = *std::move(node);
+    return p;
+  }
+
+  // `m` with its input's bytes published as a bundle of one and named by
+  // it, instead of carried in raw_input_contents.
+  absl::Status publish(inference::ModelInferRequest& m) {
+    auto bytes = std::make_shared<std::string>(std::move(*m.mutable_raw_input_contents(0)));
+    m.clear_raw_input_contents();
+    inference::ModelInferRequest::InferInputTensor& in = *m.mutable_inputs(0);
+    absl::StatusOr<dtype> type = kserve::dtype_of(in.datatype());
+    if (!type.ok()) return type.status();
+    tensor_description d;
+    d.data = bytes->data();
+    d.dtype = *type;
+    d.shape.assign(in.shape().begin(), in.shape().end());
+    std::array<managed_tensor, 1> sources{
+        make_managed_tensor(std::move(d), [this, bytes] { released_.fetch_add(1); })};
+    publish_options po;
+    po.lease = std::chrono::seconds(30);
+    absl::StatusOr<remote_bundle> b = node_->publish_bundle(sources, po);
+    if (!b.ok()) return b.status();
+    published_.fetch_add(1);
+    (*m.mutable_parameters())["dlasync_bundle"].set_string_param(absl::Base64Escape(b->encode()));
+    (*in.mutable_parameters())["dlasync_bundle_member"].set_int64_param(0);
+    return absl::OkStatus();
+  }
+
+  // Ends every publication and checks that each producer was released once.
+  void finish(load_stats& stats) {
+    node_->shutdown();
+    rt_->shutdown();
+    std::printf("  remote inputs: %llu bundles published, %llu producers released\n",
+                static_cast<unsigned long long>(published_.load()),
+                static_cast<unsigned long long>(released_.load()));
+    if (published_.load() != released_.load()) {
+      stats.problem(absl::StrCat(published_.load(), " bundles published, ", released_.load(),
+                                 " producers released"));
+    }
+  }
+
+ private:
+  bundle_publisher() = default;
+
+  std::unique_ptr<runtime> rt_;
+  std::unique_ptr<remote_node> node_;
+  std::atomic<std::uint64_t> published_{0};
+  std::atomic<std::uint64_t> released_{0};
+};
+
+}  // namespace
+
 void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_stats& stats) {
+  std::unique_ptr<bundle_publisher> bundles;
+  if (!load.remote_inputs_address.empty()) {
+    absl::StatusOr<std::unique_ptr<bundle_publisher>> b =
+        bundle_publisher::create(load.remote_inputs_address, ucx_transports);
+    if (!b.ok()) {
+      stats.problem(absl::StrCat("--remote_inputs: ", b.status().ToString()));
+      return;
+    }
+    bundles = *std::move(b);
+  }
   with_ucx_client(ucx_transports, load.threads, stats, [&](ucx_client& client) {
     auto drive = [&](int index) {
       std::mt19937 rng = connection_rng(load, index);
@@ -450,7 +538,15 @@ void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_st
           if (k.kind == fault::not_a_request) {
             message.assign(64, std::byte{0xFF});
           } else {
-            message = kserve::serialize(to_message(k));
+            inference::ModelInferRequest m = to_message(k);
+            if (bundles != nullptr && k.kind == fault::none) {
+              if (absl::Status s = bundles->publish(m); !s.ok()) {
+                stats.problem(
+                    absl::StrCat("UCX request ", k.tag, ": publishing its input: ", s.ToString()));
+                return;
+              }
+            }
+            message = kserve::serialize(m);
           }
           stats.bytes_sent.fetch_add(ucx_header_bytes + message.size());
           r = client.call(*c, k.tag, message, timeout);
@@ -474,6 +570,7 @@ void run_ucx(const kserve_load& load, const std::string& ucx_transports, load_st
     for (int i = 0; i < std::max(1, load.connections); ++i) connections.emplace_back(drive, i);
     for (std::thread& t : connections) t.join();
   });
+  if (bundles != nullptr) bundles->finish(stats);
 }
 #else
 void run_ucx(const kserve_load&, const std::string&, load_stats& stats) {

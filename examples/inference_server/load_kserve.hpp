@@ -51,6 +51,10 @@ struct kserve_load {
   std::uint32_t seed = 1;
   server_limits_given server;
   int threads = 2;  // REST: the threads that run its connections
+  // UCX: valid requests' inputs are published as remote bundles on a node
+  // listening on this address (the server fetches them); empty: sent in
+  // the requests.
+  std::string remote_inputs_address;
 };
 
 // Each runs `load.connections` connections until `load.stop_at`, counting

@@ -56,6 +56,7 @@
 #include "shm_registry.hpp"
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
 #include "kserve_service.hpp"
+#include "remote_inputs.hpp"
 #include "ucx_front.hpp"
 #endif
 
@@ -102,6 +103,9 @@ ABSL_FLAG(int, http_max_header_kib, 16,
 ABSL_FLAG(bool, allow_client_shm, false,
           "Serve the system shared-memory extension: clients may register POSIX "
           "shared-memory objects and name them in requests instead of sending the bytes.");
+ABSL_FLAG(bool, allow_remote_inputs, false,
+          "Over the UCX transport, take inputs that a request names in a remote bundle "
+          "(dlasync_bundle): fetch them from the client's host with dlasync::remote.");
 ABSL_FLAG(std::string, ucx_port_file, "", "Write the UCX port to this file once listening.");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports for the UCX listener (UCX_TLS's syntax; empty: UCX's choice).");
@@ -228,6 +232,7 @@ int run() {
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
   std::unique_ptr<ucx_front> ucx;
   std::atomic<const ucx_front*> ucx_view{nullptr};  // for SIGUSR1, once it listens
+  std::unique_ptr<kserve::remote_inputs> remote;    // --allow_remote_inputs
 #endif
   asio::signal_set report(rt.get_executor(), SIGUSR1);
   std::function<void()> report_on_signal = [&] {
@@ -327,11 +332,27 @@ int run() {
     uo.max_queued_bytes =
         static_cast<std::uint64_t>(std::max(0, absl::GetFlag(FLAGS_max_queued_kib))) << 10;
     uo.connections = connections;
-    // The same messages, and the same handler, as the gRPC front's.
-    const kserve::message_server messages{models, shm, *memory, pool};
+    if (absl::GetFlag(FLAGS_allow_remote_inputs)) {
+      kserve::remote_inputs::options ro;
+      ro.transports = uo.transports;
+      ro.timeout = std::max(limits.read_timeout, std::chrono::milliseconds(1000));
+      absl::StatusOr<std::unique_ptr<kserve::remote_inputs>> r =
+          kserve::remote_inputs::create(rt, ro);
+      if (!r.ok()) {
+        std::fprintf(stderr, "dlasync_server: --allow_remote_inputs: %s\n",
+                     r.status().ToString().c_str());
+        request_stop();
+      } else {
+        remote = *std::move(r);
+      }
+    }
+    // The same messages, and the same handler, as the gRPC front's, and
+    // inputs named in a remote bundle where allowed.
+    const kserve::message_server messages{models, shm, *memory, pool, remote.get()};
     auto answer = [messages](ucx_front::message m) {
-      return messages.answer_serialized(
-          kserve::serialized_message::of(std::move(m.bytes), m.length), std::move(m.room));
+      kserve::serialized_message s = kserve::serialized_message::of(std::move(m.bytes), m.length);
+      s.peer = std::move(m.peer);
+      return messages.answer_serialized(std::move(s), std::move(m.room));
     };
     absl::StatusOr<std::unique_ptr<ucx_front>> front =
         ucx_front::create(rt.get_executor(), uo, memory, answer,
@@ -351,10 +372,19 @@ int run() {
     request_stop();
   }
 #endif
+  if (absl::GetFlag(FLAGS_allow_remote_inputs) && absl::GetFlag(FLAGS_ucx_port) < 0) {
+    std::fprintf(stderr,
+                 "dlasync_server: --allow_remote_inputs takes bundles over the UCX transport: "
+                 "give --ucx_port too\n");
+    request_stop();
+  }
   stop.get_future().wait();
   if (grpc_accepting) grpc_accepting->stop();
   if (grpc) grpc->stop();  // waits for the calls under way
 #if defined(DLASYNC_EXAMPLES_HAVE_UCX)
+  // Fetches of remote bundles under way end (Cancelled), so that the UCX
+  // handlers waiting on them finish.
+  if (remote) remote->shutdown();
   if (ucx) {
     ucx->stop();
     const ucx_front::counters u = ucx->stats();

@@ -1,10 +1,36 @@
 #include "ucx_front.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "asio/post.hpp"
 #include "ucx_front_state.hpp"
 
 namespace dlasync::examples {
+namespace {
+
+// The numeric address a connection request came from; empty where UCX
+// does not say.
+std::string client_address(ucp_conn_request_h request) {
+  ucp_conn_request_attr_t attr{};
+  attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attr) != UCS_OK) return {};
+  char text[INET6_ADDRSTRLEN] = {};
+  const auto* any = reinterpret_cast<const sockaddr*>(&attr.client_address);
+  const void* where = nullptr;
+  if (any->sa_family == AF_INET) {
+    where = &reinterpret_cast<const sockaddr_in*>(any)->sin_addr;
+  } else if (any->sa_family == AF_INET6) {
+    where = &reinterpret_cast<const sockaddr_in6*>(any)->sin6_addr;
+  }
+  if (where == nullptr || inet_ntop(any->sa_family, where, text, sizeof text) == nullptr) return {};
+  return text;
+}
+
+}  // namespace
 
 void ucx_front::state::on_connection(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<state*>(arg);
@@ -21,12 +47,14 @@ void ucx_front::state::on_connection(ucp_conn_request_h request, void* arg) {
       return;
     }
   }
+  std::string peer = client_address(request);
   absl::StatusOr<ucp_ep_h> accepted = self->ucx->accept(request, &state::on_endpoint_error, self);
   if (!accepted.ok()) return;
   const ucp_ep_h ep = *accepted;
   auto c = std::make_shared<connection>();
   c->ep = ep;
   c->slot = std::move(slot);
+  c->peer = std::move(peer);
   self->connections.emplace(ep, std::move(c));
   self->accepted.fetch_add(1);
 }

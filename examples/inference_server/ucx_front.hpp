@@ -54,6 +54,7 @@ class ucx_front {
     std::unique_ptr<std::byte[]> bytes;
     std::uint32_t length = 0;
     std::shared_ptr<void> room;
+    std::string peer;  // the numeric address of the client's host; empty if unknown
   };
   // The answer to a request: a serialized ModelInferResponse, or the error.
   using handler_fn = std::function<asio::awaitable<absl::StatusOr<std::string>>(message)>;

@@ -25,6 +25,7 @@ namespace ucx_detail {
 
 struct connection {
   ucp_ep_h ep = nullptr;
+  std::string peer;  // the numeric address it came from; empty if unknown
   bool alive = true;
   std::optional<connection_limit::slot> slot;
   // Its requests waiting for room in the budget, and the bytes they hold.

@@ -253,6 +253,7 @@ void ucx_front::state::past_deadline(const std::shared_ptr<ucx_request>& r) {
 void ucx_front::state::run_handler(const std::shared_ptr<connection>& c, std::uint64_t tag,
                                    ucx_front::message body) {
   bytes_in.fetch_add(ucx_header_bytes + body.length);
+  body.peer = c->peer;
   {
     std::lock_guard lock(running_mutex);
     ++running;

@@ -11,6 +11,7 @@
 #include "asio/use_future.hpp"
 #include "buffer_pool.hpp"
 #include "catch2/catch.hpp"
+#include "host_models.hpp"
 #include "http_parse.hpp"
 #include "kserve.hpp"
 #include "kserve_grpc.hpp"
@@ -215,36 +216,6 @@ input_tensor counted_input(const char* name, const char* datatype, std::vector<s
   });
   return in;
 }
-
-// A host runtime and the models, as the server makes them; shut down at the
-// end of the test.
-struct host_models {
-  host_models() {
-    runtime_options o;
-    o.cuda = "off";
-    o.worker_threads = 1;
-    absl::StatusOr<std::unique_ptr<runtime>> created = runtime::create(o);
-    REQUIRE(created.ok());
-    rt = *std::move(created);
-    absl::StatusOr<std::unique_ptr<device_sum>> made = device_sum::create(*rt);
-    REQUIRE(made.ok());
-    compute = *std::move(made);
-    models.emplace(*rt, *compute, host_device);
-  }
-  ~host_models() { rt->shutdown(); }
-  host_models(const host_models&) = delete;
-  host_models& operator=(const host_models&) = delete;
-
-  // `a`'s result, run on the runtime's executor.
-  template <typename T>
-  T run(asio::awaitable<T> a) {
-    return asio::co_spawn(rt->get_executor(), std::move(a), asio::use_future).get();
-  }
-
-  std::unique_ptr<runtime> rt;
-  std::unique_ptr<device_sum> compute;
-  std::optional<model_handler> models;
-};
 
 TEST_CASE("every input's owner is released exactly once, answered or refused",
           "[examples][kserve]") {

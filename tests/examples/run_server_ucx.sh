@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts the inference server with its REST front and UCX transport, drives
 # each with the load client (valid and malformed requests from many
-# connections), then sends it UCX messages that break the protocol (from a
+# connections; over UCX once with the bytes in the requests, once with each
+# valid request's input published as a remote bundle that the server
+# fetches), then sends it UCX messages that break the protocol (from a
 # peer that stays, and from one killed while it sends), stops the server
 # with SIGTERM, and checks both reports and that it stopped cleanly.
 #   run_server_ucx.sh SERVER CLIENT [server flags...]
@@ -16,17 +18,27 @@ on_exit() {
 }
 
 "$server" --http_port=0 --http_port_file="$dir/port" --ucx_port=0 --ucx_port_file="$dir/ucx_port" \
-  --max_request_mib=1 --memory_budget_mib=8 "$@" >"$dir/server.out" 2>&1 &
+  --max_request_mib=1 --memory_budget_mib=8 --allow_remote_inputs "$@" >"$dir/server.out" 2>&1 &
 server_pid=$!
 wait_for_files "$dir/port" "$dir/ucx_port"
 
 total_valid=0
-for transport in ucx rest; do
-  run_load "$transport" --transport="$transport" --http_port="$(cat "$dir/port")" \
+for run in ucx rest ucx_remote; do
+  transport=${run%_remote}
+  extra=()
+  [ "$run" = ucx_remote ] && extra=(--remote_inputs)
+  run_load "$run" --transport="$transport" --http_port="$(cat "$dir/port")" \
     --ucx_port="$(cat "$dir/ucx_port")" --connections=8 --seconds=2 --malformed=0.3 \
-    --server_max_request_mib=1 --max_elements=20000
+    --server_max_request_mib=1 --max_elements=20000 "${extra[@]}"
   total_valid=$((total_valid + answered))
 done
+# Every bundle the client published was fetched and released: each
+# producer's deleter ran once.
+published=$(sed -n 's/^  remote inputs: \([0-9]*\) bundles published, \([0-9]*\) .*/\1 \2/p' \
+  "$dir/ucx_remote.out")
+read -r bundles released <<<"$published"
+[ "${bundles:-0}" -gt 0 ] && [ "$bundles" = "$released" ] ||
+  fail "remote inputs: ${bundles:-none} bundles published, ${released:-none} producers released"
 
 # Messages that break the protocol: every one that asks for an answer gets
 # one, and a valid request after them is answered.
@@ -59,7 +71,7 @@ grep -v '^\[' "$dir/server.out"
 # UCX warns of descriptors or requests nobody gave back.
 grep -q 'was not returned to mpool\|not released' "$dir/server.out" &&
   fail "the server left UCX objects behind"
-grep -q 'UCX transport: 10 connections' "$dir/server.out" || fail "not 10 UCX connections counted"
+grep -q 'UCX transport: 18 connections' "$dir/server.out" || fail "not 18 UCX connections counted"
 ok=$(sed -n 's/.* \([0-9]*\) requests answered OK.*/\1/p' "$dir/server.out")
 [ "${ok:-0}" -ge "$total_valid" ] || fail "the server answered $ok OK, the clients counted $total_valid"
 grep -q 'errors INVALID_ARGUMENT: [1-9]' "$dir/server.out" || fail "no InvalidArgument answers"
