@@ -70,18 +70,24 @@ inline constexpr unsigned am_piece = 0x4c04;
 inline constexpr unsigned am_packed = 0x4c05;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
-inline constexpr std::uint16_t protocol_version = 3;
+inline constexpr std::uint16_t protocol_version = 4;
+
+// A whole or dense span is sent in pieces of this many bytes (the last one
+// shorter), all in flight together: each piece that arrives is a sign of
+// life, and pieces of this size move faster through UCX's shared-memory
+// rendezvous than one piece of the whole span (docs/remote.md).
+inline constexpr std::uint64_t max_piece_bytes = std::uint64_t{4} << 20;
 
 // How an exporter sends a tensor's bytes.
 enum class piece_plan : std::uint8_t {
   // None: the importer reads them by RMA get (trusted peers only).
   none = 0,
-  // One piece, the span, which holds exactly the tensor's elements in
-  // row-major order (a compact tensor).
+  // The span, which holds exactly the tensor's elements in row-major order
+  // (a compact tensor), in pieces of max_piece_bytes (the last one shorter).
   whole = 1,
-  // One piece, the span, which holds exactly the tensor's elements in
-  // another order (a transposed or reversed compact tensor): the importer
-  // compacts it.
+  // The span, which holds exactly the tensor's elements in another order
+  // (a transposed or reversed compact tensor), in pieces of
+  // max_piece_bytes: the importer compacts it.
   dense = 2,
   // One piece per contiguous run of the row-major walk.
   runs = 3,

@@ -70,6 +70,16 @@ void check_pieces(const remote_descriptor& d, const remote_detail::remote_plan& 
     for (std::uint64_t i = walk.count() > 32 ? walk.count() - 32 : 0; i < walk.count(); ++i) {
       check_piece(walk, p, i);
     }
+    // A whole or dense span comes in pieces of max_piece_bytes, back to
+    // back, the last one ending at the span's end.
+    if ((plan == piece_plan::whole || plan == piece_plan::dense) && walk.count() > 0) {
+      const remote_detail::piece_range last = walk.at(walk.count() - 1);
+      if (last.offset != (walk.count() - 1) * remote_detail::max_piece_bytes ||
+          last.offset + last.length != p.plan.byte_size || last.length == 0 ||
+          last.length > remote_detail::max_piece_bytes) {
+        fail("a span's pieces do not cover it once");
+      }
+    }
   }
   const piece_plan chosen =
       remote_detail::choose_plan(d, p, remote_detail::default_min_sent_run_bytes);
