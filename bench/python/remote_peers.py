@@ -304,17 +304,10 @@ LIBS = {"nixl": (NixlTarget, NixlInitiator),
 
 def target_main(args):
     conn = Connection(args.ctrl_fd)
-    try:
-        target = LIBS[args.lib][0](args)
-    except Unavailable as e:
-        conn.send(("unavailable", str(e)))
-        return EXIT_UNAVAILABLE
-    except Exception:
-        conn.send(("failed", traceback.format_exc()))
-        return EXIT_FAILED
-    conn.send(("ready", None))
     region = None
     try:
+        target = LIBS[args.lib][0](args)
+        conn.send(("ready", None))
         while True:
             try:
                 msg = conn.recv()

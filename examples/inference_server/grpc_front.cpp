@@ -204,21 +204,16 @@ class grpc_front::service final : public infer_service {
     auto* reactor = new infer_reactor();  // deletes itself in OnDone
     const std::uint64_t bytes = request->Length();
     if (bytes > budget_->limit()) {
-      const absl::Status s = over_whole_budget(bytes, budget_->limit());
-      stats_.count_answer(s.code());
-      reactor->finish(to_grpc(s));
-      return reactor;
+      return finish_infer(reactor, over_whole_budget(bytes, budget_->limit()));
     }
     stats_.bytes_received.fetch_add(bytes);
     // The message's slices, shared with gRPC's buffer (which gRPC frees
     // once the call is finished).
     auto slices = std::make_shared<std::vector<grpc::Slice>>();
     if (const grpc::Status dumped = request->Dump(slices.get()); !dumped.ok()) {
-      const absl::Status s = absl::InvalidArgumentError(
-          absl::StrCat("the request's bytes could not be read: ", dumped.error_message()));
-      stats_.count_answer(s.code());
-      reactor->finish(to_grpc(s));
-      return reactor;
+      return finish_infer(reactor,
+                          absl::InvalidArgumentError(absl::StrCat(
+                              "the request's bytes could not be read: ", dumped.error_message())));
     }
     kserve::serialized_message m;
     m.pieces.reserve(slices->size());
@@ -235,6 +230,13 @@ class grpc_front::service final : public infer_service {
     stats_.count_answer(s.code());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(to_grpc(s));
+    return reactor;
+  }
+
+  // Counts an inference's answer and finishes its call with it.
+  grpc::ServerUnaryReactor* finish_infer(infer_reactor* reactor, const absl::Status& s) {
+    stats_.count_answer(s.code());
+    reactor->finish(to_grpc(s));
     return reactor;
   }
 
@@ -261,8 +263,7 @@ class grpc_front::service final : public infer_service {
       answer = co_await kserve::message_server{models_, shm_, *budget_, pool_}.answer_serialized(
           std::move(m), std::move(room));
     }
-    const grpc::Status status = to_grpc(answer.status());
-    stats_.count_answer(answer.status().code());
+    const absl::Status status = answer.status();
     if (answer.ok()) {
       // The serialized response handed to gRPC without a copy: the slice
       // owns the string.
@@ -272,7 +273,7 @@ class grpc_front::service final : public infer_service {
           owned);
       *response = grpc::ByteBuffer(&slice, 1);
     }
-    reactor->finish(status);
+    finish_infer(reactor, status);
   }
 
   asio::any_io_executor executor_;

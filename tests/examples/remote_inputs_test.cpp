@@ -19,6 +19,7 @@
 #include "kserve_service.hpp"
 #include "remote_inputs.hpp"
 #include "shm_registry.hpp"
+#include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
 
 namespace dlasync::examples::kserve {
@@ -29,13 +30,7 @@ using dlasync::testing::require_status;
 // A node of its own runtime that publishes bundles, counting every
 // producer it releases.
 struct exporter {
-  exporter() {
-    runtime_options o;
-    o.cuda = "off";
-    o.worker_threads = 1;
-    absl::StatusOr<std::unique_ptr<runtime>> r = runtime::create(o);
-    REQUIRE(r.ok());
-    rt = *std::move(r);
+  exporter() : rt(testing::make_runtime(1)) {
     absl::StatusOr<std::unique_ptr<remote_node>> n = remote_node::create(*rt);
     REQUIRE(n.ok());
     node = *std::move(n);

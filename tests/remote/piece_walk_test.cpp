@@ -8,6 +8,7 @@
 #include "dlasync/dlasync.hpp"
 #include "dlasync/remote.hpp"
 #include "remote/src/plan_remote.hpp"
+#include "support/runtime_fixture.hpp"
 
 namespace dlasync {
 namespace {
@@ -36,14 +37,10 @@ remote_descriptor described(std::vector<std::int64_t> shape, std::vector<std::in
 
 TEST_CASE("a whole or dense span goes in pieces of max_piece_bytes, back to back",
           "[remote][pieces]") {
-  runtime_options o;
-  o.cuda = "off";
-  o.worker_threads = 1;
-  absl::StatusOr<std::unique_ptr<runtime>> rt = runtime::create(o);
-  REQUIRE(rt.ok());
+  const std::unique_ptr<runtime> rt = testing::make_runtime();
   const auto walk_of = [&](const remote_descriptor& d, piece_plan plan) {
     absl::StatusOr<remote_detail::remote_plan> p =
-        remote_detail::plan_remote(d, {}, (*rt)->registry());
+        remote_detail::plan_remote(d, {}, rt->registry());
     REQUIRE(p.ok());
     REQUIRE(piece_walk::fits(d, *p, plan));
     return std::make_pair(piece_walk(d, *p, plan), *p);
@@ -84,7 +81,7 @@ TEST_CASE("a whole or dense span goes in pieces of max_piece_bytes, back to back
     const auto [empty, q] = walk_of(described({0}, {1}), piece_plan::whole);
     CHECK(empty.count() == 0);
   }
-  (*rt)->shutdown();
+  rt->shutdown();
 }
 
 }  // namespace
