@@ -1,7 +1,9 @@
 // Names for publications, in Redis (dlasync/remote_directory.hpp), through
 // hiredis's blocking client: one connection a directory, one command at a
 // time under its lock, each bounded by io_timeout; a connection that broke
-// is made afresh by the next command.
+// is made afresh by the next command. A name put while published is
+// withdrawn by a job on the directory's thread that the publication's end
+// queues, if the directory is still there.
 #include "dlasync/remote_directory.hpp"
 
 #include <hiredis/hiredis.h>
@@ -18,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "asio/co_spawn.hpp"
+#include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
 
@@ -126,7 +129,7 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
         absl::StrCat("remote_directory_options::io_timeout = ", options.io_timeout.count(),
                      " ms: it must be above 0"));
   }
-  auto i = std::make_unique<impl>(std::move(options));
+  auto i = std::make_shared<impl>(std::move(options));
   {
     std::lock_guard lock(i->mutex);
     if (absl::Status s = i->connect_locked(); !s.ok()) return s;
@@ -134,8 +137,13 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
   return std::unique_ptr<remote_directory>(new remote_directory(std::move(i)));
 }
 
-remote_directory::remote_directory(std::unique_ptr<impl> impl) noexcept : impl_(std::move(impl)) {}
-remote_directory::~remote_directory() = default;
+remote_directory::remote_directory(std::shared_ptr<impl> impl) noexcept : impl_(std::move(impl)) {}
+
+remote_directory::~remote_directory() {
+  // The withdrawals queued finish here (each bounded by io_timeout); those
+  // queued later find the thread gone, and the directory with it.
+  impl_->pool.join();
+}
 
 const remote_directory_options& remote_directory::options() const noexcept {
   return impl_->options;
@@ -263,6 +271,99 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
   if (ended) return absl::OkStatus();
   return absl::DeadlineExceededError(
       absl::StrCat("\"", av(name), "\" is still in the directory after ", wait.count(), " ms"));
+}
+
+namespace {
+
+// Deletes KEYS[1] only while it holds ARGV[1], in one step on the server:
+// 1 when deleted, 0 when it held nothing, -1 when it holds another value.
+constexpr std::string_view withdraw_if_holds = R"(local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if v == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+return -1)";
+
+absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,
+                            const std::string& bytes) {
+  if (absl::Status s = check_name(name); !s.ok()) return s;
+  absl::StatusOr<reply_ptr> r = d.command({"EVAL", withdraw_if_holds, "1", d.key(name), bytes});
+  if (!r.ok()) return r.status();
+  const redisReply& reply = **r;
+  if (reply.type != REDIS_REPLY_INTEGER) {
+    return absl::DataLossError(
+        absl::StrCat("the directory holds no entry's string under \"", av(name), "\" (Redis: ",
+                     reply.type == REDIS_REPLY_ERROR ? absl::string_view(reply.str, reply.len)
+                                                     : absl::string_view("a reply of another type"),
+                     "); nothing was withdrawn"));
+  }
+  if (reply.integer == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("the directory holds nothing under \"", av(name), "\""));
+  }
+  if (reply.integer < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the directory holds another entry under \"", av(name),
+                     "\" than the one given (put there since, by another exporter); it stays"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status put_while_published_bytes(const std::shared_ptr<remote_directory::impl>& d,
+                                       remote_node& node, std::string_view name,
+                                       const std::string& bytes, std::uint64_t lease_id,
+                                       const std::string& exporter_address,
+                                       std::uint16_t exporter_port, std::chrono::milliseconds ttl) {
+  if (exporter_address != node.listen_address() || exporter_port != node.listen_port()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the entry's exporter is ", exporter_address, " port ", exporter_port,
+                     ", not the node given (", node.listen_address(), " port ", node.listen_port(),
+                     "); give put_while_published the node that published it"));
+  }
+  if (absl::Status s = put_bytes(*d, name, bytes, ttl); !s.ok()) return s;
+  std::function<void(publication_end)> withdraw_at_end =
+      [weak = std::weak_ptr<remote_directory::impl>(d), name = std::string(name),
+       bytes](publication_end) {
+        std::shared_ptr<remote_directory::impl> alive = weak.lock();
+        if (alive == nullptr) return;
+        // Redis is slow to the runtime's threads: the directory's waits.
+        asio::post(alive->pool, [weak, name, bytes] {
+          if (std::shared_ptr<remote_directory::impl> still = weak.lock()) {
+            (void)withdraw_bytes(*still, name, bytes);  // the ttl ends what this cannot
+          }
+        });
+      };
+  absl::Status watched = node.when_ended(lease_id, std::move(withdraw_at_end));
+  if (watched.code() == absl::StatusCode::kNotFound) {
+    (void)withdraw_bytes(*d, name, bytes);
+    return absl::NotFoundError(absl::StrCat(
+        "the publication under lease ", lease_id, " ended before it was named \"", av(name),
+        "\" (released by its importers, or its lease ended): the name was withdrawn again"));
+  }
+  return watched;
+}
+
+}  // namespace
+
+absl::Status remote_directory::put_while_published(remote_node& node, std::string_view name,
+                                                   const remote_descriptor& descriptor,
+                                                   std::chrono::milliseconds ttl) {
+  return put_while_published_bytes(impl_, node, name, descriptor.encode(), descriptor.lease_id,
+                                   descriptor.exporter_address, descriptor.exporter_port, ttl);
+}
+
+absl::Status remote_directory::put_while_published(remote_node& node, std::string_view name,
+                                                   const remote_bundle& bundle,
+                                                   std::chrono::milliseconds ttl) {
+  return put_while_published_bytes(impl_, node, name, bundle.encode(), bundle.lease_id,
+                                   bundle.exporter_address, bundle.exporter_port, ttl);
+}
+
+absl::Status remote_directory::withdraw(std::string_view name,
+                                        const remote_descriptor& descriptor) {
+  return withdraw_bytes(*impl_, name, descriptor.encode());
+}
+
+absl::Status remote_directory::withdraw(std::string_view name, const remote_bundle& bundle) {
+  return withdraw_bytes(*impl_, name, bundle.encode());
 }
 
 absl::Status remote_directory::withdraw(std::string_view name) {

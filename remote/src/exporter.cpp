@@ -92,6 +92,23 @@ absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
   return out;
 }
 
+absl::Status remote_core::when_ended(std::uint64_t lease_id,
+                                     std::function<void(publication_end)> callback) {
+  if (!callback) {
+    return absl::InvalidArgumentError("when_ended was given an empty callback; give it a function");
+  }
+  std::lock_guard lock(ucx_->mutex());
+  auto it = publications_.find(lease_id);
+  if (stopping_ || it == publications_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "lease ", lease_id,
+        " is not a publication of this node that has not ended (released by its importers, "
+        "expired, or never published here); its end has passed already"));
+  }
+  it->second.on_end.push_back(std::move(callback));
+  return absl::OkStatus();
+}
+
 std::size_t remote_core::publications() const {
   std::lock_guard lock(ucx_->mutex());
   return publications_.size() + draining_.size();
@@ -144,7 +161,7 @@ void remote_core::release_hold_locked(std::map<std::uint64_t, publication>::iter
 
 void remote_core::count_release_locked(std::map<std::uint64_t, publication>::iterator it) {
   if (++it->second.releases >= it->second.importers) {
-    retire_locked(it);
+    retire_locked(it, publication_end::released);
     drop_retired_locked();
   }
 }
@@ -170,7 +187,7 @@ void remote_core::expire(std::uint64_t lease_id) {
   std::lock_guard lock(ucx_->mutex());
   if (stopping_) return;
   if (auto it = publications_.find(lease_id); it != publications_.end()) {
-    retire_locked(it);
+    retire_locked(it, publication_end::expired);
     drop_retired_locked();
   }
   // The lease is over, and sends still read its memory: the importers
@@ -183,8 +200,11 @@ void remote_core::expire(std::uint64_t lease_id) {
   for (ucp_ep_h ep : readers) close_importer_locked(ep);
 }
 
-void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator it) {
+void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator it,
+                                publication_end why) {
   publication& pub = it->second;
+  for (auto& f : pub.on_end) ended_.emplace_back([f = std::move(f), why] { f(why); });
+  pub.on_end.clear();
   if (pub.memh != nullptr) ucp_mem_unmap(ucx_->context(), std::exchange(pub.memh, nullptr));
   pub.holds.clear();
   if (pub.reads_in_flight > 0) {
@@ -203,16 +223,20 @@ void remote_core::retire_holders_locked(publication& pub) {
 }
 
 void remote_core::drop_retired_locked() {
-  if (retired_.empty()) return;
-  // Producers' deleters run on the executor, never under the node's lock.
-  to_delete_->add(retired_);
+  if (retired_.empty() && ended_.empty()) return;
+  // Producers' deleters, and end callbacks, run on the executor, never under
+  // the node's lock.
+  to_delete_->add(retired_, ended_);
   asio::post(executor_, [to_delete = to_delete_] { to_delete->drop(); });
 }
 
-void retired_producers::add(std::vector<published_holder>& holders) {
+void retired_producers::add(std::vector<published_holder>& holders,
+                            std::vector<std::function<void()>>& ended) {
   std::lock_guard lock(mutex_);
   for (published_holder& h : holders) queued_.push_back(std::move(h));
   holders.clear();
+  for (auto& f : ended) ended_.push_back(std::move(f));
+  ended.clear();
 }
 
 namespace {
@@ -224,13 +248,22 @@ thread_local bool dropping_here = false;
 
 void retired_producers::drop() {
   std::unique_lock lock(mutex_);
-  while (!queued_.empty()) {
+  while (!queued_.empty() || !ended_.empty()) {
     std::vector<published_holder> now = std::move(queued_);
     queued_.clear();
+    std::vector<std::function<void()>> callbacks = std::move(ended_);
+    ended_.clear();
     ++dropping_;
     lock.unlock();
     const bool outer = std::exchange(dropping_here, true);
     now.clear();
+    for (auto& f : callbacks) {
+      try {
+        f();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): documented: a throw is dropped
+      }
+    }
+    callbacks.clear();
     dropping_here = outer;
     lock.lock();
     --dropping_;

@@ -258,6 +258,11 @@ absl::StatusOr<remote_bundle> remote_node::publish_bundle(std::span<const tensor
   return bundle_of(*std::move(out));
 }
 
+absl::Status remote_node::when_ended(std::uint64_t lease_id,
+                                     std::function<void(publication_end)> callback) {
+  return core_->when_ended(lease_id, std::move(callback));
+}
+
 std::size_t remote_node::publications() const {
   return core_->publications();
 }

@@ -314,7 +314,9 @@ void remote_core::shutdown() {
     for (auto& [ep, c] : importers_) ucx_->close_endpoint(ep);
     importers_.clear();
     ucx_->settle_closes();
-    while (!publications_.empty()) retire_locked(publications_.begin());
+    while (!publications_.empty()) {
+      retire_locked(publications_.begin(), publication_end::shutdown);
+    }
     endpoints_.clear();
     failed_endpoints_.clear();
     // Peers see the connections go (an importer's hold request then fails
@@ -333,7 +335,7 @@ void remote_core::shutdown() {
     std::lock_guard lock(ucx_->mutex());
     for (auto& [lease, pub] : draining_) retire_holders_locked(pub);
     draining_.clear();
-    to_delete_->add(retired_);
+    to_delete_->add(retired_, ended_);
   }
   // Producers' deleters, without the lock: those of the publications ended
   // here, and those of publications that ended before that the executor has

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -51,8 +52,11 @@ using published_holder = std::variant<std::monostate, managed_tensor, tensor>;
 // node in the jobs that hold it.
 class retired_producers {
  public:
-  void add(std::vector<published_holder>& holders);
-  // Destroys what is queued (the deleters run), outside the lock.
+  // Queues `holders`, and `ended`: the publications' end callbacks, bound to
+  // why they ended (remote_node::when_ended), which run after the holders go.
+  void add(std::vector<published_holder>& holders, std::vector<std::function<void()>>& ended);
+  // Destroys what is queued (the deleters run), then runs the callbacks,
+  // outside the lock.
   void drop();
   // drop(), then waits until no other thread is dropping.
   void drop_all();
@@ -61,6 +65,7 @@ class retired_producers {
   std::mutex mutex_;
   std::condition_variable idle_;
   std::vector<published_holder> queued_;
+  std::vector<std::function<void()>> ended_;
   int dropping_ = 0;
 };
 
@@ -104,6 +109,8 @@ struct publication {
   // closed (readers: the sends in flight on each).
   std::uint32_t reads_in_flight = 0;
   std::map<ucp_ep_h, std::uint32_t> readers;
+  // Called once when it ends (remote_node::when_ended).
+  std::vector<std::function<void(publication_end)>> on_end;
 };
 
 // An endpoint to one exporter's listener, shared by the imports from it.
@@ -146,6 +153,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                                                          bool bundle,
                                                          const publish_options& options);
   std::size_t publications() const;
+  // remote_node::when_ended.
+  absl::Status when_ended(std::uint64_t lease_id, std::function<void(publication_end)> callback);
   std::size_t connections() const;
   const std::string& listen_address() const noexcept { return listen_address_; }
   std::uint16_t listen_port() const noexcept { return listen_port_; }
@@ -266,8 +275,9 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void drop_importer_locked(ucp_ep_h ep);
   void expire(std::uint64_t lease_id);
   // Unregisters and forgets a publication; its holder goes to `retired_`,
-  // or it waits in `draining_` while reads of its memory are under way.
-  void retire_locked(std::map<std::uint64_t, publication>::iterator it);
+  // or it waits in `draining_` while reads of its memory are under way. Its
+  // end callbacks go to `ended_`, bound to `why`.
+  void retire_locked(std::map<std::uint64_t, publication>::iterator it, publication_end why);
   // Moves the publication's holders to `retired_`.
   void retire_holders_locked(publication& pub);
   // Destroys retired holders (producer deleters) on the executor, through
@@ -288,6 +298,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // Ended publications whose memory sends still read.
   std::map<std::uint64_t, publication> draining_;
   std::vector<published_holder> retired_;
+  std::vector<std::function<void()>> ended_;
   std::shared_ptr<retired_producers> to_delete_ = std::make_shared<retired_producers>();
   std::unordered_map<ucp_ep_h, std::unique_ptr<importer_connection>> importers_;
   // Gathers under way (local imports that read a publication's memory),

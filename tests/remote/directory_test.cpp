@@ -203,6 +203,112 @@ TEST_CASE("a name is waited for, and goes with its lease", "[remote][directory]"
   REQUIRE(got.status().code() == absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST_CASE("a name put while published goes when its publication ends, long before its ttl",
+          "[remote][directory]") {
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  publish_options lease;
+  lease.lease = 30s;
+  SECTION("its importer took it") {
+    const std::vector<member_spec> members = {{"contiguous", {16, 16}}, {"transposed", {5, 3}}};
+    auto batch = publish_bundle_here(nodes.out(), members, lease, 21);
+    REQUIRE(dir->put_while_published(nodes.out(), "batch", batch->bundle, lease.lease).ok());
+    REQUIRE(dir->find("batch").ok());
+    absl::StatusOr<std::vector<tensor>> got = import_named(nodes.in(), *dir, "batch", 1s);
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    REQUIRE(got->size() == 2);
+    check_bytes((*got)[1], "transposed", {5, 3}, dtypes::float32, 22);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(dir->wait_withdrawn("batch", 5s).ok());
+    REQUIRE(std::chrono::steady_clock::now() - start < 5s);
+    // A node that did not publish the entry is refused, and nothing is put.
+    auto other = publish_here(nodes.out(), "contiguous", {8}, lease, 2);
+    absl::Status wrong = dir->put_while_published(nodes.in(), "other", other->descriptor, 30s);
+    REQUIRE(wrong.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(wrong.message()),
+                 Catch::Contains("give put_while_published the node that published it"));
+    REQUIRE(dir->find("other").status().code() == absl::StatusCode::kNotFound);
+    nodes.out().shutdown();  // `other` is released before its counter goes
+    REQUIRE(other->count.calls.load() == 1);
+  }
+  SECTION("its lease ended first: the name goes with it, whatever the ttl") {
+    publish_options brief;
+    brief.lease = 300ms;
+    auto p = publish_here(nodes.out(), "contiguous", {64}, brief, 4);
+    REQUIRE(dir->put_while_published(nodes.out(), "brief", p->descriptor, 60s).ok());
+    REQUIRE(dir->wait_withdrawn("brief", 5s).ok());
+    REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  }
+  SECTION("the exporter shut down: its names go") {
+    auto a = publish_here(nodes.out(), "contiguous", {8}, lease, 5);
+    auto b = publish_here(nodes.out(), "negative", {4, 4}, lease, 6);
+    REQUIRE(dir->put_while_published(nodes.out(), "a", a->descriptor, 60s).ok());
+    REQUIRE(dir->put_while_published(nodes.out(), "b", b->descriptor, 60s).ok());
+    nodes.out().shutdown();
+    REQUIRE(dir->wait_withdrawn("a", 5s).ok());
+    REQUIRE(dir->wait_withdrawn("b", 5s).ok());
+  }
+  SECTION("ended before it was named: NotFound, and no name left") {
+    publish_options brief;
+    brief.lease = 50ms;
+    auto p = publish_here(nodes.out(), "contiguous", {8}, brief, 7);
+    REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+    absl::Status late = dir->put_while_published(nodes.out(), "late", p->descriptor, 60s);
+    REQUIRE(late.code() == absl::StatusCode::kNotFound);
+    REQUIRE_THAT(std::string(late.message()), Catch::Contains("ended before it was named"));
+    REQUIRE(dir->find("late").status().code() == absl::StatusCode::kNotFound);
+  }
+  SECTION("a name another exporter put since stays") {
+    auto ours = publish_here(nodes.out(), "contiguous", {8}, lease, 8);
+    auto theirs = publish_here(nodes.out(), "negative", {4, 4}, lease, 9);
+    REQUIRE(dir->put_while_published(nodes.out(), "shared", ours->descriptor, 60s).ok());
+    // Ours is removed by hand, and the name taken by another entry.
+    server.raw({"DEL", "dlasync:shared"});
+    REQUIRE(dir->put("shared", theirs->descriptor, 60s).ok());
+    // Told after the directory's own callback, which queued the withdrawal.
+    std::promise<void> told;
+    REQUIRE(
+        nodes.out()
+            .when_ended(ours->descriptor.lease_id, [&told](publication_end) { told.set_value(); })
+            .ok());
+    REQUIRE(import_now(nodes.in(), ours->descriptor).ok());
+    REQUIRE(told.get_future().wait_for(10s) == std::future_status::ready);
+    dir.reset();  // the withdrawals queued finish first
+    auto again = directory_at(server);
+    absl::StatusOr<remote_entry> found = again->find("shared");
+    REQUIRE(found.ok());
+    REQUIRE(std::get<remote_descriptor>(*found).encode() == theirs->descriptor.encode());
+    nodes.out().shutdown();
+    REQUIRE(theirs->count.calls.load() == 1);
+  }
+}
+
+TEST_CASE("a withdrawal with its entry removes the name only while it holds that entry",
+          "[remote][directory]") {
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  auto a = publish_here(nodes.out(), "contiguous", {8}, {}, 1);
+  auto b = publish_here(nodes.out(), "contiguous", {8}, {}, 2);
+  REQUIRE(dir->put("x", a->descriptor, 30s).ok());
+  absl::Status other = dir->withdraw("x", b->descriptor);
+  REQUIRE(other.code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE_THAT(std::string(other.message()), Catch::Contains("another entry under \"x\""));
+  REQUIRE(dir->find("x").ok());
+  REQUIRE(dir->withdraw("x", a->descriptor).ok());
+  REQUIRE(dir->find("x").status().code() == absl::StatusCode::kNotFound);
+  REQUIRE(dir->withdraw("x", a->descriptor).code() == absl::StatusCode::kNotFound);
+  // A key of another type, which the store could hold: refused, left.
+  server.raw({"HSET", "dlasync:hash", "field", "value"});
+  absl::Status hash = dir->withdraw("hash", a->descriptor);
+  REQUIRE(hash.code() == absl::StatusCode::kDataLoss);
+  REQUIRE_THAT(std::string(hash.message()), Catch::Contains("nothing was withdrawn"));
+  REQUIRE(dir->withdraw("", a->descriptor).code() == absl::StatusCode::kInvalidArgument);
+  nodes.out().shutdown();
+}
+
 TEST_CASE("what the store holds is untrusted: refused by name and kind, never misread",
           "[remote][directory]") {
   redis_server server;

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -410,6 +412,77 @@ TEST_CASE("a lease serves its importers, then refuses, and ends on time", "[remo
     nodes.out().shutdown();
     CHECK(deleted->load() == 1);
     opener.join();
+  }
+}
+
+TEST_CASE("a publication's end is told once to each callback, with why it ended",
+          "[remote][lease]") {
+  node_pair nodes;
+  struct told {
+    std::mutex mutex;
+    std::vector<publication_end> why;
+  };
+  auto seen = std::make_shared<told>();
+  auto record = [seen](publication_end why) {
+    std::lock_guard lock(seen->mutex);
+    seen->why.push_back(why);
+  };
+  auto ends = [seen] {
+    std::lock_guard lock(seen->mutex);
+    return seen->why;
+  };
+  using ended = std::vector<publication_end>;
+  SECTION("its importers released it") {
+    publish_options o;
+    o.importers = 2;
+    auto p = publish_here(nodes.out(), "contiguous", {16}, o);
+    const std::uint64_t lease = p->descriptor.lease_id;
+    REQUIRE(nodes.out().when_ended(lease, record).ok());
+    REQUIRE(nodes.out().when_ended(lease, record).ok());
+    REQUIRE(import_now(nodes.in(), p->descriptor).ok());
+    std::this_thread::sleep_for(50ms);
+    REQUIRE(ends().empty());
+    REQUIRE(import_now(nodes.in(), p->descriptor).ok());
+    REQUIRE(testing::eventually([&] { return ends().size() == 2; }));
+    REQUIRE(ends() == ended{publication_end::released, publication_end::released});
+    REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+    // Its end has passed: a callback given now is refused, and never called.
+    absl::Status late = nodes.out().when_ended(lease, record);
+    REQUIRE(late.code() == absl::StatusCode::kNotFound);
+    REQUIRE_THAT(std::string(late.message()), Catch::Contains("its end has passed"));
+    std::this_thread::sleep_for(50ms);
+    REQUIRE(ends().size() == 2);
+  }
+  SECTION("its lease ended") {
+    publish_options o;
+    o.lease = 100ms;
+    auto p = publish_here(nodes.out(), "contiguous", {16}, o);
+    REQUIRE(nodes.out().when_ended(p->descriptor.lease_id, record).ok());
+    REQUIRE(testing::eventually([&] { return !ends().empty(); }));
+    REQUIRE(ends() == ended{publication_end::expired});
+    REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  }
+  SECTION("the node shut down: told before shutdown returns") {
+    auto p = publish_here(nodes.out(), "contiguous", {16});
+    REQUIRE(nodes.out().when_ended(p->descriptor.lease_id, record).ok());
+    nodes.out().shutdown();
+    REQUIRE(ends() == ended{publication_end::shutdown});
+    REQUIRE(p->count.calls.load() == 1);
+    REQUIRE(nodes.out().when_ended(p->descriptor.lease_id, record).code() ==
+            absl::StatusCode::kNotFound);
+  }
+  SECTION("a bundle's lease, an unknown lease, an empty callback") {
+    auto b = publish_bundle_here(nodes.out(), {{"contiguous", {8}}, {"negative", {3, 5}}});
+    REQUIRE(nodes.out().when_ended(b->bundle.lease_id, record).ok());
+    REQUIRE(import_bundle_now(nodes.in(), b->bundle).ok());
+    REQUIRE(testing::eventually([&] { return ends() == ended{publication_end::released}; }));
+    REQUIRE(nodes.out().when_ended(b->bundle.lease_id + 1, record).code() ==
+            absl::StatusCode::kNotFound);
+    auto p = publish_here(nodes.out(), "contiguous", {16});
+    absl::Status empty = nodes.out().when_ended(p->descriptor.lease_id, {});
+    REQUIRE(empty.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(empty.message()), Catch::Contains("empty callback"));
+    nodes.out().shutdown();  // `p` is released before its counter goes
   }
 }
 

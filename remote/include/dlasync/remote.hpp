@@ -48,6 +48,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -251,6 +252,14 @@ struct remote_node_options {
   std::uint64_t min_run_bytes = 0;
 };
 
+// Why a publication ended (remote_node::when_ended): from then on its
+// holds are refused with NotFound.
+enum class publication_end {
+  released,  // every importer released its hold, or went away holding it
+  expired,   // its lease ended first
+  shutdown,  // the node shut down first
+};
+
 struct publish_options {
   // How many importers will fetch the tensor: the producer's deleter runs
   // after that many have released their hold. At least 1.
@@ -315,6 +324,18 @@ class remote_node {
                                                const publish_options& options = {});
   absl::StatusOr<remote_bundle> publish_bundle(std::span<const tensor> sources,
                                                const publish_options& options = {});
+
+  // Calls `callback` once when the publication under `lease_id` (a
+  // descriptor's or a bundle's) ends, saying why: its importers released
+  // it, its lease ended, or the node shut down. It runs on the runtime's
+  // executor, never under the node's lock, or on the thread that shuts the
+  // node down; it should not block (an exception it throws is dropped). The
+  // producer may still be held then, while sends of its bytes finish.
+  // NotFound when this node has no publication under the lease that has not
+  // ended (the callback is then never called: the end has passed);
+  // InvalidArgument for an empty callback. remote_directory::
+  // put_while_published withdraws a name with it.
+  absl::Status when_ended(std::uint64_t lease_id, std::function<void(publication_end)> callback);
 
   // Publications whose producer has not been released yet.
   std::size_t publications() const;

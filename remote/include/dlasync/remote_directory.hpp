@@ -4,7 +4,9 @@
 // exporter puts a descriptor (or a bundle) under a name for as long as its
 // lease, an importer finds it by the name, or waits for it to appear, and
 // imports it (`import_remote_named`). The entry's time to live is the
-// lease's, so a dead exporter leaves no name behind past it.
+// lease's, so a dead exporter leaves no name behind past it; with
+// put_while_published, a publication that ends sooner (its importers took
+// it) takes its name with it then.
 //
 // The store is untrusted, as any channel a descriptor comes over: what a
 // name holds is decoded and validated exactly as a descriptor from anywhere
@@ -22,15 +24,16 @@
 //
 //   auto dir = dlasync::remote_directory::connect({.address = "10.0.0.5"});
 //   absl::StatusOr<dlasync::remote_bundle> b = node.publish_bundle(batch, lease);
-//   (*dir)->put("batch-17", *b, lease.lease);
+//   (*dir)->put_while_published(node, "batch-17", *b, lease.lease);
 //   ...
 //   absl::StatusOr<std::vector<dlasync::tensor>> ts = co_await dlasync::import_remote_named(
 //       node, **dir, "batch-17", std::chrono::seconds(5));
 //
 // Thread safety: all members are safe to call from any thread; each call
 // blocks its thread for at most its command's timeout (io_timeout), or the
-// wait it is given. The awaitable import waits on the directory's own
-// thread, never on the runtime's.
+// wait it is given. The awaitable import, and put_while_published's
+// withdrawals, wait on the directory's own thread, never on the runtime's;
+// the destructor waits for the withdrawals already queued.
 #pragma once
 
 #include <chrono>
@@ -102,8 +105,29 @@ class remote_directory {
   // wait_for polls: OK then, DeadlineExceeded after `wait`.
   absl::Status wait_withdrawn(std::string_view name, std::chrono::milliseconds wait);
 
+  // put, and the name is withdrawn as soon as the publication it names
+  // ends on `node` (remote_node::when_ended: its importers released it, its
+  // lease ended, or the node shut down), not only when the ttl does. The
+  // withdrawal runs on the directory's own thread and removes the name only
+  // while it holds this entry, so a name put again since by another
+  // exporter stays. A withdrawal that cannot reach the server, or comes
+  // after the directory is destroyed, is skipped: the ttl still ends the
+  // name. put's errors; InvalidArgument when the entry's exporter is not
+  // `node` (its address and port); NotFound when the publication ended
+  // before it was named (the name is withdrawn again then).
+  absl::Status put_while_published(remote_node& node, std::string_view name,
+                                   const remote_descriptor& descriptor,
+                                   std::chrono::milliseconds ttl);
+  absl::Status put_while_published(remote_node& node, std::string_view name,
+                                   const remote_bundle& bundle, std::chrono::milliseconds ttl);
+
   // Removes `name`: NotFound when it held nothing.
   absl::Status withdraw(std::string_view name);
+  // Removes `name` only while it holds this entry, in one step on the
+  // server: FailedPrecondition when it holds another (put there since, by
+  // another exporter), NotFound when it holds nothing.
+  absl::Status withdraw(std::string_view name, const remote_descriptor& descriptor);
+  absl::Status withdraw(std::string_view name, const remote_bundle& bundle);
 
   const remote_directory_options& options() const noexcept;
 
@@ -112,8 +136,10 @@ class remote_directory {
   impl& get_impl() noexcept { return *impl_; }
 
  private:
-  explicit remote_directory(std::unique_ptr<impl> impl) noexcept;
-  std::unique_ptr<impl> impl_;
+  explicit remote_directory(std::shared_ptr<impl> impl) noexcept;
+  // Shared with the withdrawals put_while_published leaves behind, which
+  // hold it weakly.
+  std::shared_ptr<impl> impl_;
 };
 
 #if defined(ASIO_HAS_CO_AWAIT)
