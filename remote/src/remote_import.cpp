@@ -335,9 +335,30 @@ void remote_import::wind_down_locked() {
   if (tracked_ && (reply_seen_ || !hold_requested_)) {
     core_->untrack_locked(request_id_);
     tracked_ = false;
+  } else if (tracked_ && forget_ == nullptr) {
+    forget_locked();
   }
   release_hold_locked();
   cleanup_locked();
+}
+
+void remote_import::forget_locked() {
+  // An exporter that is heard from (it serves other imports on this
+  // connection) but never answers this hold would otherwise keep it in the
+  // node's table until shutdown. A grant that comes after this finds no
+  // import: that hold ends with its lease, or when the connection closes.
+  forget_ =
+      std::make_unique<asio::steady_timer>(core_->executor(), core_->options().import_timeout);
+  forget_->async_wait([weak = weak_from_this()](const asio::error_code& ec) {
+    if (ec) return;
+    std::shared_ptr<remote_import> self = weak.lock();  // outlives the lock below
+    if (self == nullptr) return;
+    std::lock_guard lock(self->core_->ucx().mutex());
+    if (self->tracked_ && !self->reply_seen_) {
+      self->core_->untrack_locked(self->request_id_);
+      self->tracked_ = false;
+    }
+  });
 }
 
 void remote_import::release_hold_locked() {

@@ -121,6 +121,9 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
                      bool whole);
   // RMA (trusted peers): the gets this import issues (remote_fetch.cpp).
   void fetch_rma_locked();
+  // Forgets, one import_timeout from now, an ended import whose hold
+  // request was never answered.
+  void forget_locked();
   void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);
   static void on_get(void* request, ucs_status_t status, void* user_data);
   static void on_received(void* request, ucs_status_t status, std::size_t length, void* user_data);
@@ -195,6 +198,10 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Holds this import alive while UCX owns requests that point at it.
   std::shared_ptr<remote_import> keep_alive_;
   std::unique_ptr<asio::steady_timer> timeout_;
+  // An import that ended with its hold request unanswered stays tracked
+  // (an answer that comes releases the hold) for one more import_timeout,
+  // then is forgotten.
+  std::unique_ptr<asio::steady_timer> forget_;
 };
 
 }  // namespace dlasync::detail

@@ -36,6 +36,8 @@
 //       unannounced_bytes a grant that carries the bytes without saying so
 //       garbage         a refusal with an unknown code and no NUL
 //       silent          no answer
+//       lease_7_silent  no answer to a hold on lease 7; an honest grant
+//                       and its piece to a hold on any other
 //       every_id        every active-message id back, no answer
 //       bundle_honest   a bundle's grant with each member's plan (one
 //                       whole piece of <bytes>), then each member's piece
@@ -246,6 +248,15 @@ struct peer {
         p.member = static_cast<std::uint32_t>(k);
         send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
       }
+    } else if (mode == "lease_7_silent") {
+      if (m.lease_id == 7) return;  // no answer, ever
+      r.hold_id = m.request_id;
+      r.secret = 2;
+      r.remaining_us = 10'000'000;
+      r.plan = p.plan;
+      r.pieces = 1;
+      send(to, am_hold_reply, &r, sizeof(r), nullptr, 0);
+      send(to, am_piece, &p, sizeof(p), tensor.data(), tensor.size());
     } else if (mode == "huge_remaining") {
       r.hold_id = 1;
       r.secret = 2;

@@ -329,6 +329,43 @@ TEST_CASE("a hostile exporter's answers are checked before they are used", "[rem
     }
     fast.reset();
   }
+  SECTION("an exporter heard from that never answers one hold: that import is forgotten") {
+    // Before: the import ended at its timeout, but stayed in the node's
+    // table until shutdown, for an answer that never came.
+    auto fast = std::make_unique<importer>();
+    fast->rt = testing::make_runtime(2);
+    remote_node_options o;
+    o.import_timeout = 2s;
+    fast->node = *remote_node::create(*fast->rt, o);
+    const std::uint16_t port = hostile_listens(*hostile, "lease_7_silent", 4096);
+    remote_descriptor never = at_hostile_exporter(port, 4096);
+    never.lease_id = 7;
+    std::future<absl::StatusOr<tensor>> stuck =
+        async_import_remote(*fast->node, never, import_options{}, asio::use_future);
+    // Imports of another lease keep the exporter heard from meanwhile.
+    const auto start = std::chrono::steady_clock::now();
+    int served = 0;
+    while (stuck.wait_for(0s) != std::future_status::ready &&
+           std::chrono::steady_clock::now() - start < 20s) {
+      absl::StatusOr<tensor> t = import_now(*fast->node, at_hostile_exporter(port, 4096));
+      INFO(t.status().ToString());
+      REQUIRE(t.ok());
+      ++served;
+      std::this_thread::sleep_for(20ms);
+    }
+    REQUIRE(stuck.wait_for(0s) == std::future_status::ready);
+    absl::StatusOr<tensor> s = stuck.get();
+    INFO(s.status().ToString());
+    REQUIRE(s.status().code() == absl::StatusCode::kDeadlineExceeded);
+    REQUIRE_THAT(std::string(s.status().message()), Catch::Contains("the exporter is slow"));
+    REQUIRE(served > 5);
+    // Forgotten one import_timeout after it ended.
+    REQUIRE(testing::eventually([&] { return fast->node->imports_in_flight() == 0; }));
+    REQUIRE(testing::eventually([&] { return testing::copy_budget(*fast->rt).in_use() == 0; }));
+    // The connection still serves.
+    REQUIRE(import_now(*fast->node, at_hostile_exporter(port, 4096)).ok());
+    fast.reset();
+  }
   SECTION("every active-message id instead of an answer") {
     const std::uint16_t port = hostile_listens(*hostile, "every_id", 4096);
     import_options o;
