@@ -4,9 +4,10 @@
 // its stdin and stdout.
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -192,7 +193,10 @@ inline std::vector<std::int64_t> parse_shape(const std::string& text) {
   return shape;
 }
 
-// The peer process: lines in, lines out, killed if still running at the end.
+// The peer process: lines in, lines out, killed if still running at the
+// end, and killed by the kernel if the test's process dies first (a failed
+// test that aborts leaves no peer behind, holding the test's output open).
+// Made from the test's main thread, which lives as long as its process.
 class peer_process {
  public:
   peer_process(const std::string& path, const std::vector<std::string>& args) {
@@ -203,15 +207,31 @@ class peer_process {
     argv.push_back(nullptr);
     int in[2];
     int out[2];
-    if (pipe(in) != 0 || pipe(out) != 0) return;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, in[0], STDIN_FILENO);
-    posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_addclose(&actions, in[1]);
-    posix_spawn_file_actions_addclose(&actions, out[0]);
-    if (posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), ::environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&actions);
+    // `failed` closes at the exec; a child that cannot exec writes to it.
+    int failed[2];
+    if (pipe(in) != 0 || pipe(out) != 0 || pipe2(failed, O_CLOEXEC) != 0) return;
+    const pid_t parent = getpid();
+    pid_ = fork();
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      if (prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == parent &&
+          dup2(in[0], STDIN_FILENO) >= 0 && dup2(out[1], STDOUT_FILENO) >= 0) {
+        close(in[1]);
+        close(out[0]);
+        execve(path.c_str(), argv.data(), ::environ);
+      }
+      const char no = 1;
+      (void)!write(failed[1], &no, 1);
+      _exit(127);
+    }
+    close(failed[1]);
+    char no = 0;
+    if (pid_ > 0 && read(failed[0], &no, 1) == 1) {  // no exec: reaped, not running
+      waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+    close(failed[0]);
+    if (pid_ < 0) pid_ = -1;
     close(in[0]);
     close(out[1]);
     to_ = in[1];
