@@ -282,7 +282,7 @@ void retired_producers::drop_all() {
     drop();
     std::unique_lock lock(mutex_);
     idle_.wait(lock, [this] { return dropping_ == 0; });
-    if (queued_.empty()) return;
+    if (queued_.empty() && ended_.empty()) return;
   }
 }
 
