@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -205,19 +206,24 @@ class peer_process {
     std::vector<char*> argv;
     for (std::string& a : argv_s) argv.push_back(a.data());
     argv.push_back(nullptr);
-    int in[2];
-    int out[2];
-    // `failed` closes at the exec; a child that cannot exec writes to it.
-    int failed[2];
-    if (pipe(in) != 0 || pipe(out) != 0 || pipe2(failed, O_CLOEXEC) != 0) return;
+    // Every end closes at the exec (the child's stdin and stdout are dup2's
+    // copies, which stay), so no peer inherits another's pipes; `failed`
+    // carries a byte back only from a child that could not exec.
+    int in[2] = {-1, -1};
+    int out[2] = {-1, -1};
+    int failed[2] = {-1, -1};
+    if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0 || pipe2(failed, O_CLOEXEC) != 0) {
+      for (int fd : {in[0], in[1], out[0], out[1], failed[0], failed[1]}) {
+        if (fd >= 0) close(fd);
+      }
+      return;
+    }
     const pid_t parent = getpid();
     pid_ = fork();
     if (pid_ == 0) {
       // Only async-signal-safe calls between fork and exec.
       if (prctl(PR_SET_PDEATHSIG, SIGKILL) == 0 && getppid() == parent &&
           dup2(in[0], STDIN_FILENO) >= 0 && dup2(out[1], STDOUT_FILENO) >= 0) {
-        close(in[1]);
-        close(out[0]);
         execve(path.c_str(), argv.data(), ::environ);
       }
       const char no = 1;
@@ -226,7 +232,11 @@ class peer_process {
     }
     close(failed[1]);
     char no = 0;
-    if (pid_ > 0 && read(failed[0], &no, 1) == 1) {  // no exec: reaped, not running
+    ssize_t n = 0;
+    do {
+      n = read(failed[0], &no, 1);
+    } while (n < 0 && errno == EINTR);
+    if (pid_ > 0 && n == 1) {  // no exec: reaped, not running
       waitpid(pid_, nullptr, 0);
       pid_ = -1;
     }

@@ -455,7 +455,7 @@ TEST_CASE("a publication's end is told once to each callback, with why it ended"
   }
   SECTION("its lease ended") {
     publish_options o;
-    o.lease = 100ms;
+    o.lease = 500ms;
     auto p = publish_here(nodes.out(), "contiguous", {16}, o);
     REQUIRE(nodes.out().when_ended(p->descriptor.lease_id, record).ok());
     REQUIRE(testing::eventually([&] { return !ends().empty(); }));
