@@ -53,6 +53,21 @@ absl::Status check_name(std::string_view name) {
   return absl::OkStatus();
 }
 
+// DataLoss for a key that holds no entry's string (Redis's error, or a
+// reply of another type), and what that means for the command (`then`).
+absl::Status no_entry_string(std::string_view name, const redisReply& reply,
+                             std::string_view then) {
+  return absl::DataLossError(
+      absl::StrCat("the directory holds no entry's string under \"", av(name), "\" (Redis: ",
+                   reply.type == REDIS_REPLY_ERROR ? absl::string_view(reply.str, reply.len)
+                                                   : absl::string_view("a reply of another type"),
+                   "); ", av(then)));
+}
+
+absl::Status nothing_under(std::string_view name) {
+  return absl::NotFoundError(absl::StrCat("the directory holds nothing under \"", av(name), "\""));
+}
+
 }  // namespace
 
 class remote_directory::impl {
@@ -192,12 +207,8 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
   absl::StatusOr<reply_ptr> r = impl_->command({"GETRANGE", key, "0", last});
   if (!r.ok()) return r.status();
   const redisReply& reply = **r;
-  if (reply.type == REDIS_REPLY_ERROR || reply.type != REDIS_REPLY_STRING) {
-    return absl::DataLossError(
-        absl::StrCat("the directory holds no entry's string under \"", av(name), "\" (Redis: ",
-                     reply.type == REDIS_REPLY_ERROR ? absl::string_view(reply.str, reply.len)
-                                                     : absl::string_view("a reply of another type"),
-                     "); something else wrote that key"));
+  if (reply.type != REDIS_REPLY_STRING) {
+    return no_entry_string(name, reply, "something else wrote that key");
   }
   if (reply.len > max_entry_bytes) {
     return absl::OutOfRangeError(absl::StrCat("the directory's entry under \"", av(name),
@@ -288,17 +299,9 @@ absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,
   absl::StatusOr<reply_ptr> r = d.command({"EVAL", withdraw_if_holds, "1", d.key(name), bytes});
   if (!r.ok()) return r.status();
   const redisReply& reply = **r;
-  if (reply.type != REDIS_REPLY_INTEGER) {
-    return absl::DataLossError(
-        absl::StrCat("the directory holds no entry's string under \"", av(name), "\" (Redis: ",
-                     reply.type == REDIS_REPLY_ERROR ? absl::string_view(reply.str, reply.len)
-                                                     : absl::string_view("a reply of another type"),
-                     "); nothing was withdrawn"));
-  }
-  if (reply.integer == 0) {
-    return absl::NotFoundError(
-        absl::StrCat("the directory holds nothing under \"", av(name), "\""));
-  }
+  if (reply.type != REDIS_REPLY_INTEGER)
+    return no_entry_string(name, reply, "nothing was withdrawn");
+  if (reply.integer == 0) return nothing_under(name);
   if (reply.integer < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("the directory holds another entry under \"", av(name),
@@ -370,10 +373,7 @@ absl::Status remote_directory::withdraw(std::string_view name) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
   absl::StatusOr<reply_ptr> r = impl_->command({"DEL", impl_->key(name)});
   if (!r.ok()) return r.status();
-  if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) {
-    return absl::NotFoundError(
-        absl::StrCat("the directory holds nothing under \"", av(name), "\""));
-  }
+  if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) return nothing_under(name);
   return absl::OkStatus();
 }
 

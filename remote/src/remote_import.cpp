@@ -333,8 +333,7 @@ void remote_import::wind_down_locked() {
   // Late answers find no import and are dropped (a rendezvous is completed
   // for its sender as dropped).
   if (tracked_ && (reply_seen_ || !hold_requested_)) {
-    core_->untrack_locked(request_id_);
-    tracked_ = false;
+    untrack_locked();
   } else if (tracked_ && forget_ == nullptr) {
     forget_locked();
   }
@@ -354,11 +353,13 @@ void remote_import::forget_locked() {
     std::shared_ptr<remote_import> self = weak.lock();  // outlives the lock below
     if (self == nullptr) return;
     std::lock_guard lock(self->core_->ucx().mutex());
-    if (self->tracked_ && !self->reply_seen_) {
-      self->core_->untrack_locked(self->request_id_);
-      self->tracked_ = false;
-    }
+    if (!self->reply_seen_) self->untrack_locked();
   });
+}
+
+void remote_import::untrack_locked() {
+  if (tracked_) core_->untrack_locked(request_id_);
+  tracked_ = false;
 }
 
 void remote_import::release_hold_locked() {
@@ -399,8 +400,7 @@ void remote_import::finish_locked(absl::StatusOr<std::vector<tensor>> result) {
 void remote_import::on_endpoint_failed_locked(const absl::Status& why) {
   // Writes under way end with errors from UCX (peer error handling); the
   // buffer goes then. The handler learns now; no answer can come any more.
-  if (tracked_) core_->untrack_locked(request_id_);
-  tracked_ = false;
+  untrack_locked();
   fail_locked(why);
 }
 

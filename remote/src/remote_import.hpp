@@ -124,6 +124,8 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // Forgets, one import_timeout from now, an ended import whose hold
   // request was never answered.
   void forget_locked();
+  // Leaves the node's table (answers to it are dropped from then on).
+  void untrack_locked();
   void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);
   static void on_get(void* request, ucs_status_t status, void* user_data);
   static void on_received(void* request, ucs_status_t status, std::size_t length, void* user_data);

@@ -32,8 +32,7 @@ device_buffer remote_import::owned_locked(member& m) {
 }
 
 void remote_import::fetched_locked() {
-  if (tracked_) core_->untrack_locked(request_id_);
-  tracked_ = false;
+  untrack_locked();
   release_hold_locked();
   if (std::chrono::steady_clock::now() > hold_end_) {
     return fail_locked(absl::DeadlineExceededError(

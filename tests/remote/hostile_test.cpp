@@ -308,11 +308,7 @@ TEST_CASE("a hostile exporter's answers are checked before they are used", "[rem
   SECTION("an exporter that never answers: Unavailable once silent past half the timeout") {
     // Before: DeadlineExceeded, and the silent connection stayed cached for
     // the next import from the exporter.
-    auto fast = std::make_unique<importer>();
-    fast->rt = testing::make_runtime(2);
-    remote_node_options o;
-    o.import_timeout = 1s;
-    fast->node = *remote_node::create(*fast->rt, o);
+    auto fast = make_importer("", 0, false, 1s);
     const std::uint16_t port = hostile_listens(*hostile, "silent", 4096);
     for (int attempt = 0; attempt < 2; ++attempt) {
       const auto start = std::chrono::steady_clock::now();
@@ -332,11 +328,7 @@ TEST_CASE("a hostile exporter's answers are checked before they are used", "[rem
   SECTION("an exporter heard from that never answers one hold: that import is forgotten") {
     // Before: the import ended at its timeout, but stayed in the node's
     // table until shutdown, for an answer that never came.
-    auto fast = std::make_unique<importer>();
-    fast->rt = testing::make_runtime(2);
-    remote_node_options o;
-    o.import_timeout = 2s;
-    fast->node = *remote_node::create(*fast->rt, o);
+    auto fast = make_importer("", 0, false, 2s);
     const std::uint16_t port = hostile_listens(*hostile, "lease_7_silent", 4096);
     remote_descriptor never = at_hostile_exporter(port, 4096);
     never.lease_id = 7;

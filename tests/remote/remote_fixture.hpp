@@ -42,13 +42,14 @@ struct importer {
 };
 
 inline std::unique_ptr<importer> make_importer(const std::string& transports,
-                                               std::uint64_t budget = 0, bool trusted = false) {
+                                               std::uint64_t budget = 0, bool trusted = false,
+                                               std::chrono::milliseconds import_timeout = 30s) {
   auto i = std::make_unique<importer>();
   i->rt = testing::make_runtime(2, budget);
   remote_node_options o;
   o.transports = transports;
   o.trusted_peers = trusted;
-  o.import_timeout = 30s;
+  o.import_timeout = import_timeout;
   auto node = remote_node::create(*i->rt, o);
   INFO(node.status().ToString());
   REQUIRE(node.ok());
