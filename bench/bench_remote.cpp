@@ -5,6 +5,7 @@
 //   dlasync_bench_remote [--transports=shm,tcp] [--sizes=65536,...]
 //                        [--reps=5] [--bytes_per_rep=268435456] [--window=4]
 //                        [--strided] [--bundles=1,8,64,512]
+//                        [--trusted[=unregistered]]
 //
 // Per transport, this program starts itself as the exporter
 // (--serve=<transports>), which publishes one buffer per size many times
@@ -23,6 +24,13 @@
 // (views of one buffer, as a pool's blocks), against ucx_perftest moving the
 // same members and against the same bytes as one tensor (k times the size),
 // interleaved; `window` bundles in flight.
+//
+// --trusted: both nodes trust their peers (remote_node_options::
+// trusted_peers), so importers read by RMA get where UCX has a lane of its
+// own (cma over shared memory; --fetch=rma forces it). The exporter keeps
+// each buffer it publishes from registered (remote_node::register_memory),
+// so re-publishing registers nothing; --trusted=unregistered lets each
+// publication register its own memory instead.
 //
 // --strided: every-other-row tensors whose rows are 1 KiB to 256 KiB,
 // fetched run by run against as their span (remote_node_options::
@@ -93,7 +101,7 @@ bool add_line(std::string& out, const absl::StatusOr<Published>& r) {
   return true;
 }
 
-int serve(const std::string& transports) {
+int serve(const std::string& transports, const std::string& trust) {
   runtime_options ro;
   ro.worker_threads = 1;
   ro.cuda = "off";
@@ -101,12 +109,24 @@ int serve(const std::string& transports) {
   if (!rt.ok()) return 1;
   remote_node_options no;
   no.transports = transports;
+  no.trusted_peers = !trust.empty();
   auto node = remote_node::create(**rt, no);
   if (!node.ok()) {
     std::cout << "error " << node.status() << std::endl;
     return 1;
   }
   std::vector<std::shared_ptr<std::vector<unsigned char>>> buffers;
+  std::vector<remote_registration> registered;
+  // A new buffer, kept registered when the exporter registers its memory.
+  auto buffer = [&](std::size_t bytes) {
+    auto memory = std::make_shared<std::vector<unsigned char>>(bytes, 0x5a);
+    buffers.push_back(memory);
+    if (trust == "registered") {
+      absl::StatusOr<remote_registration> r = (*node)->register_memory(memory->data(), bytes);
+      if (r.ok()) registered.push_back(*std::move(r));
+    }
+    return memory;
+  };
   std::cout << "ready" << std::endl;
   std::string line;
   while (std::getline(std::cin, line)) {
@@ -117,9 +137,7 @@ int serve(const std::string& transports) {
       // publish <rows> <row bytes> <row stride bytes> <count>
       std::int64_t rows = 0, row = 0, stride = 0, count = 0;
       in >> rows >> row >> stride >> count;
-      auto memory = std::make_shared<std::vector<unsigned char>>(
-          static_cast<std::size_t>(rows * stride), 0x5a);
-      buffers.push_back(memory);
+      auto memory = buffer(static_cast<std::size_t>(rows * stride));
       std::string out;
       for (std::int64_t i = 0; i < count; ++i) {
         tensor_description d;
@@ -136,9 +154,7 @@ int serve(const std::string& transports) {
       // side in one buffer
       std::int64_t bytes = 0, members = 0, count = 0;
       in >> bytes >> members >> count;
-      auto memory = std::make_shared<std::vector<unsigned char>>(
-          static_cast<std::size_t>(bytes * members), 0x5a);
-      buffers.push_back(memory);
+      auto memory = buffer(static_cast<std::size_t>(bytes * members));
       std::string out;
       for (std::int64_t i = 0; i < count; ++i) {
         std::vector<managed_tensor> sources;
@@ -156,6 +172,7 @@ int serve(const std::string& transports) {
       break;
     }
   }
+  registered.clear();
   (*node)->shutdown();
   return 0;
 }
@@ -375,6 +392,7 @@ int main(int argc, char** argv) {
   bool strided = false;
   std::vector<std::uint64_t> bundles;
   remote_fetch fetch = remote_fetch::automatic;
+  std::string trust;  // "", "registered" or "unregistered"
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&](const char* name) -> std::optional<std::string> {
@@ -382,7 +400,8 @@ int main(int argc, char** argv) {
       if (a.rfind(p, 0) == 0) return a.substr(p.size());
       return std::nullopt;
     };
-    if (auto v = value("--serve")) return serve(*v);
+    if (auto v = value("--trust")) trust = *v;
+    if (auto v = value("--serve")) return serve(*v, trust);
     if (auto v = value("--transports")) {
       transports.clear();
       std::stringstream ss(*v);
@@ -397,6 +416,10 @@ int main(int argc, char** argv) {
       window = std::stoul(*v);
     } else if (auto v = value("--bundles")) {
       bundles = parse_list(*v);
+    } else if (a == "--trusted" || a == "--trusted=unregistered") {
+      trust = a == "--trusted" ? "registered" : "unregistered";
+    } else if (a.rfind("--trust=", 0) == 0) {
+      // the exporter's own option, given before --serve
     } else if (a == "--strided") {
       strided = true;
     } else if (auto v = value("--fetch")) {
@@ -414,11 +437,14 @@ int main(int argc, char** argv) {
   std::cout << "remote ratio table: dlasync remote imports (hold, bytes, release, each into new "
                "budgeted host memory) against ucx_perftest on the same transport and sizes, "
                "interleaved; medians of "
-            << reps << " repetitions, window " << window << "\n";
+            << reps << " repetitions, window " << window
+            << (trust.empty() ? std::string()
+                              : ", trusted peers (RMA where UCX has a lane; " + trust + " memory)")
+            << "\n";
   std::printf("%-4s %-9s %-10s %8s %12s %12s %24s\n", "tls", "size", "perftest", "count",
               "perftest GB/s", "dlasync GB/s", "ratio median [min-max]");
   for (const std::string& tls : transports) {
-    child exporter = spawn({self, "--serve=" + tls}, {});
+    child exporter = spawn({self, "--trust=" + trust, "--serve=" + tls}, {});
     if (exporter.line() != std::optional<std::string>("ready")) {
       std::cerr << "the exporter did not start\n";
       return 1;
@@ -430,6 +456,7 @@ int main(int argc, char** argv) {
     remote_node_options no;
     no.transports = tls;
     no.fetch = fetch;
+    no.trusted_peers = !trust.empty();
     auto node = remote_node::create(**rt, no);
     if (!node.ok()) {
       std::cerr << node.status() << "\n";

@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/limits.hpp"
@@ -234,8 +237,19 @@ absl::StatusOr<remote_descriptor> remote_descriptor::decode(std::string_view byt
 }
 
 std::string remote_bundle::encode() const {
+  // Each distinct remote key once, in the order members first name it.
+  std::vector<const std::string*> keys;
+  std::vector<std::uint32_t> key_of(members.size(), no_key);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    const std::string& key = members[i].descriptor.rkey;
+    if (key.empty()) continue;
+    auto seen =
+        std::find_if(keys.begin(), keys.end(), [&](const std::string* k) { return *k == key; });
+    key_of[i] = static_cast<std::uint32_t>(seen - keys.begin());
+    if (seen == keys.end()) keys.push_back(&key);
+  }
   std::string out;
-  out.reserve(32 + members.size() * 160);
+  out.reserve(32 + members.size() * 164);
   out.append(bundle_magic, sizeof(bundle_magic));
   writer w(out);
   w.put<std::uint16_t>(format_version);
@@ -244,9 +258,12 @@ std::string remote_bundle::encode() const {
   put_listener(w, exporter_address, exporter_port);
   w.put<std::uint32_t>(published);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(members.size()));
-  for (const member& m : members) {
-    w.put<std::uint32_t>(m.index);
-    put_tensor(w, m.descriptor);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(keys.size()));
+  for (const std::string* key : keys) w.blob(*key);
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    w.put<std::uint32_t>(members[i].index);
+    w.put<std::uint32_t>(key_of[i]);
+    put_tensor(w, members[i].descriptor);
   }
   return out;
 }
@@ -269,24 +286,64 @@ absl::StatusOr<remote_bundle> remote_bundle::decode(std::string_view bytes) {
   if (count == 0) {
     return absl::InvalidArgumentError("remote bundle: no members; a bundle names at least one");
   }
-  // Each member takes at least 60 bytes: no allocation beyond what the
+  std::uint32_t key_count = 0;
+  DLASYNC_GET(r, key_count, "key count");
+  if (key_count > count) {
+    return absl::InvalidArgumentError(absl::StrCat("remote bundle: ", key_count,
+                                                   " remote keys for ", count,
+                                                   " members; each key is a member's"));
+  }
+  // Distinct keys, listed in the order members first name them: what
+  // encode writes, so that the bytes encode back to themselves.
+  std::vector<std::string> keys(key_count);
+  std::unordered_map<std::string_view, std::uint32_t> seen;
+  for (std::uint32_t k = 0; k < key_count; ++k) {
+    if (absl::Status s = r.blob(keys[k], "remote key"); !s.ok()) return s;
+    // Each member copies its key: a bound on what the bytes can make.
+    if (keys[k].empty() || keys[k].size() > max_key_bytes) {
+      return absl::OutOfRangeError(
+          absl::StrCat("remote bundle: remote key ", k, " of ", keys[k].size(),
+                       " bytes; a bundle's keys hold 1 to ", max_key_bytes));
+    }
+    if (auto [at, fresh] = seen.emplace(keys[k], k); !fresh) {
+      return absl::InvalidArgumentError(absl::StrCat("remote bundle: remote key ", k,
+                                                     " repeats key ", at->second,
+                                                     "; a bundle lists each key once"));
+    }
+  }
+  // Each member takes at least 64 bytes: no allocation beyond what the
   // bytes can describe.
-  if (r.left() / 60 < count) {
+  if (r.left() / 64 < count) {
     return absl::InvalidArgumentError(absl::StrCat("remote bundle: ", count, " members in ",
                                                    r.left(), " bytes; it was cut short"));
   }
   b.members.resize(count);
+  std::uint32_t named = 0;  // keys named so far
   for (std::uint32_t i = 0; i < count; ++i) {
     member& m = b.members[i];
     r.set_what(absl::StrCat("remote bundle, member ", i));
+    std::uint32_t key = no_key;
     DLASYNC_GET(r, m.index, "index");
+    DLASYNC_GET(r, key, "key");
+    if (key != no_key && (key >= key_count || key > named)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.what(), ": key ", key, " of ", key_count, " where key ", named,
+                       " is the next not named yet; members name the bundle's keys in order"));
+    }
+    if (key == named) ++named;
     if (absl::Status s = get_tensor(r, m.descriptor); !s.ok()) return s;
     m.descriptor.lease_id = b.lease_id;
     m.descriptor.exporter_address = b.exporter_address;
     m.descriptor.exporter_port = b.exporter_port;
+    if (key != no_key) m.descriptor.rkey = keys[key];
   }
   r.set_what("remote bundle");
   if (absl::Status s = check_end(r); !s.ok()) return s;
+  if (named != key_count) {
+    return absl::InvalidArgumentError(absl::StrCat("remote bundle: remote key ", named, " of ",
+                                                   key_count,
+                                                   " is named by no member; it is corrupt"));
+  }
   if (absl::Status s = remote_detail::check_member_indices(b); !s.ok()) return s;
   return b;
 }

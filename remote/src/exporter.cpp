@@ -50,27 +50,22 @@ absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
   pub.lease_id = lease;
   pub.importers = options.importers;
   pub.end = std::chrono::steady_clock::now() + options.lease;
-  remote_descriptor& first = members.front().description;
-  if (options_.trusted_peers && !bundle && first.region_bytes > 0) {
-    // Peers trusted with RMA read the region themselves, by its key.
-    ucp_mem_map_params_t p{};
-    p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-    // NOLINTNEXTLINE(performance-no-int-to-ptr): the tensor's own memory
-    p.address = reinterpret_cast<void*>(static_cast<std::uintptr_t>(first.region_begin));
-    p.length = first.region_bytes;
-    if (ucs_status_t s = ucp_mem_map(ucx_->context(), &p, &pub.memh); s != UCS_OK) {
-      return remote_detail::ucx_error(
-          s, absl::StrCat("UCX could not register the tensor's ", first.region_bytes, " bytes"));
+  if (options_.trusted_peers) {
+    // Peers trusted with RMA read the members themselves, each under the
+    // key of a registration that covers it: a user's, or one made here for
+    // the members that share memory.
+    std::vector<registration_table::region> regions(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      regions[i].begin = members[i].description.region_begin;
+      regions[i].bytes = members[i].description.region_bytes;
     }
-    void* packed = nullptr;
-    std::size_t packed_size = 0;
-    if (ucs_status_t s = ucp_rkey_pack(ucx_->context(), pub.memh, &packed, &packed_size);
-        s != UCS_OK) {
-      ucp_mem_unmap(ucx_->context(), pub.memh);
-      return remote_detail::ucx_error(s, "UCX could not pack the remote key");
+    absl::StatusOr<std::vector<std::uint64_t>> ids = registrations_.cover_locked(regions);
+    if (!ids.ok()) return ids.status();
+    pub.registrations = *std::move(ids);
+    pub.rma = true;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      members[i].description.rkey = std::move(regions[i].key);
     }
-    first.rkey.assign(static_cast<const char*>(packed), packed_size);
-    ucp_rkey_buffer_release(packed);
   }
   std::vector<remote_descriptor> out;
   out.reserve(members.size());
@@ -107,6 +102,42 @@ absl::Status remote_core::when_ended(std::uint64_t lease_id,
   }
   it->second.on_end.push_back(std::move(callback));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> remote_core::register_memory(std::uint64_t begin,
+                                                           std::uint64_t bytes) {
+  if (!options_.trusted_peers) {
+    return absl::FailedPreconditionError(
+        "register_memory: this node does not trust its peers with RMA "
+        "(remote_node_options::trusted_peers), and registers nothing; its importers take the "
+        "exporter's pieces");
+  }
+  if (begin == 0 || bytes == 0 || begin + bytes < begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register_memory: ", bytes, " bytes at 0x", absl::Hex(begin),
+                     "; register a non-null address and at least one byte, not past the end of "
+                     "the address space"));
+  }
+  std::lock_guard lock(ucx_->mutex());
+  if (stopping_) {
+    return absl::UnavailableError("the remote node is shut down; register before shutdown");
+  }
+  return registrations_.add_user_locked(begin, bytes);
+}
+
+void remote_core::unregister_memory(std::uint64_t id) {
+  std::lock_guard lock(ucx_->mutex());
+  registrations_.remove_user_locked(id);
+}
+
+std::size_t remote_core::registrations() const {
+  std::lock_guard lock(ucx_->mutex());
+  return registrations_.size_locked();
+}
+
+std::uint64_t remote_core::registrations_made() const {
+  std::lock_guard lock(ucx_->mutex());
+  return registrations_.made_locked();
 }
 
 std::size_t remote_core::publications() const {
@@ -205,7 +236,7 @@ void remote_core::retire_locked(std::map<std::uint64_t, publication>::iterator i
   publication& pub = it->second;
   for (auto& f : pub.on_end) ended_.emplace_back([f = std::move(f), why] { f(why); });
   pub.on_end.clear();
-  if (pub.memh != nullptr) ucp_mem_unmap(ucx_->context(), std::exchange(pub.memh, nullptr));
+  registrations_.release_locked(std::exchange(pub.registrations, {}));
   pub.holds.clear();
   if (pub.reads_in_flight > 0) {
     // The lease's timer stays: at its end, what still reads is cut off.

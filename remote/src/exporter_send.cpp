@@ -111,11 +111,10 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
   absl::StatusOr<std::vector<std::uint32_t>> asked = asked_members(m, pub, members, members_bytes);
   if (!asked.ok()) return refuse(asked.status().code(), std::string(asked.status().message()));
   const bool listed = (m.flags & remote_detail::request_members) != 0;
-  if (m.send_bytes > 1 || (listed && m.send_bytes == 0)) {
-    return refuse(absl::StatusCode::kInvalidArgument,
-                  "a hold request's send_bytes is 0 or 1, and 1 for a bundle's members");
+  if (m.send_bytes > 1) {
+    return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
   }
-  if (m.send_bytes == 0 && (!options_.trusted_peers || pub.memh == nullptr)) {
+  if (m.send_bytes == 0 && !pub.rma) {
     return refuse(absl::StatusCode::kPermissionDenied,
                   "this exporter does not let importers read its memory (its node does not "
                   "trust its peers with RMA); ask for the bytes instead");

@@ -263,8 +263,22 @@ absl::Status remote_node::when_ended(std::uint64_t lease_id,
   return core_->when_ended(lease_id, std::move(callback));
 }
 
+absl::StatusOr<remote_registration> remote_node::register_memory(const void* address,
+                                                                 std::size_t bytes) {
+  const auto begin = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(address));
+  absl::StatusOr<std::uint64_t> id = core_->register_memory(begin, bytes);
+  if (!id.ok()) return id.status();
+  return remote_registration(core_, *id, begin, bytes);
+}
+
 std::size_t remote_node::publications() const {
   return core_->publications();
+}
+std::size_t remote_node::registrations() const {
+  return core_->registrations();
+}
+std::uint64_t remote_node::registrations_made() const {
+  return core_->registrations_made();
 }
 std::size_t remote_node::imports_in_flight() const {
   return core_->imports_in_flight();
@@ -283,6 +297,41 @@ std::string remote_node::transports() const {
 }
 void remote_node::shutdown() {
   core_->shutdown();
+}
+
+remote_registration::remote_registration(std::weak_ptr<detail::remote_core> core, std::uint64_t id,
+                                         std::uint64_t address, std::uint64_t bytes) noexcept
+    : core_(std::move(core)), id_(id), address_(address), bytes_(bytes) {}
+
+remote_registration::remote_registration(remote_registration&& other) noexcept
+    : core_(std::move(other.core_)),
+      id_(std::exchange(other.id_, 0)),
+      address_(std::exchange(other.address_, 0)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+remote_registration& remote_registration::operator=(remote_registration&& other) noexcept {
+  if (this != &other) {
+    reset();
+    core_ = std::move(other.core_);
+    id_ = std::exchange(other.id_, 0);
+    address_ = std::exchange(other.address_, 0);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+remote_registration::~remote_registration() {
+  reset();
+}
+
+void remote_registration::reset() noexcept {
+  if (id_ != 0) {
+    if (std::shared_ptr<detail::remote_core> core = core_.lock()) core->unregister_memory(id_);
+  }
+  core_.reset();
+  id_ = 0;
+  address_ = 0;
+  bytes_ = 0;
 }
 
 #if defined(ASIO_HAS_CO_AWAIT)

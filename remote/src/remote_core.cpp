@@ -43,7 +43,11 @@ bool remote_core::native_rma(ucp_ep_h ep) {
 }
 
 remote_core::remote_core(runtime& rt, remote_node_options options, std::shared_ptr<ucx_worker> ucx)
-    : rt_(rt), options_(std::move(options)), ucx_(std::move(ucx)), executor_(rt.get_executor()) {}
+    : rt_(rt),
+      options_(std::move(options)),
+      ucx_(std::move(ucx)),
+      executor_(rt.get_executor()),
+      registrations_(ucx_->context()) {}
 
 remote_core::~remote_core() {
   shutdown();
@@ -265,6 +269,7 @@ void remote_core::endpoint_lost_locked(exporter_endpoint& e, absl::Status why, b
 void remote_core::close_endpoint_locked(exporter_endpoint& e) {
   if (e.ep == nullptr) return;
   ucx_->close_endpoint(std::exchange(e.ep, nullptr));
+  e.keys.clear();  // imports still reading hold theirs
 }
 
 void remote_core::track_locked(const std::shared_ptr<remote_import>& op) {
@@ -317,6 +322,8 @@ void remote_core::shutdown() {
     while (!publications_.empty()) {
       retire_locked(publications_.begin(), publication_end::shutdown);
     }
+    // Users' registrations too; their handles find nothing afterwards.
+    registrations_.clear_locked();
     endpoints_.clear();
     failed_endpoints_.clear();
     // Peers see the connections go (an importer's hold request then fails

@@ -36,6 +36,7 @@
 #include "dlasync/tensor.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "remote/src/registrations.hpp"
 #include "remote/src/ucx_error.hpp"
 #include "remote/src/ucx_worker.hpp"
 
@@ -95,7 +96,10 @@ struct publication {
   std::uint64_t lease_id = 0;
   // One tensor, or a bundle's, in the order of their indices.
   std::vector<published_member> members;
-  ucp_mem_h memh = nullptr;  // one tensor registered for RMA (trusted peers) only
+  // Between trusted peers: the registrations its members are read under
+  // (registration_table), and that importers may read it by RMA.
+  std::vector<std::uint64_t> registrations;
+  bool rma = false;
   std::uint32_t importers = 1;
   std::uint32_t granted = 0;
   std::uint32_t releases = 0;
@@ -113,8 +117,25 @@ struct publication {
   std::vector<std::function<void(publication_end)>> on_end;
 };
 
+// A remote key unpacked on an endpoint to an exporter (trusted peers):
+// shared by the endpoint's cache and the imports whose gets use it, and
+// destroyed when the last lets it go, unless the worker (whose memory it
+// lives in) is gone already.
+struct unpacked_key {
+  unpacked_key(ucx_worker& ucx, ucp_rkey_h handle) noexcept : ucx(ucx), handle(handle) {}
+  unpacked_key(const unpacked_key&) = delete;
+  unpacked_key& operator=(const unpacked_key&) = delete;
+  ~unpacked_key() {
+    if (!ucx.finalized()) ucp_rkey_destroy(handle);
+  }
+  ucx_worker& ucx;
+  ucp_rkey_h handle;
+};
+
 // An endpoint to one exporter's listener, shared by the imports from it.
 struct exporter_endpoint {
+  // The most remote keys kept unpacked per endpoint.
+  static constexpr std::size_t max_keys = 64;
   class remote_core* core = nullptr;
   std::string key;  // "address port"
   ucp_ep_h ep = nullptr;
@@ -126,6 +147,9 @@ struct exporter_endpoint {
   // over shared memory), rather than emulating it with active messages.
   // Known once the endpoint is wired up; asked when an import needs it.
   std::vector<std::weak_ptr<class remote_import>> users;
+  // Remote keys unpacked on `ep`, by their packed bytes: imports of memory
+  // an exporter keeps registered unpack its key once (trusted peers).
+  std::unordered_map<std::string, std::shared_ptr<unpacked_key>> keys;
 };
 
 class remote_core : public std::enable_shared_from_this<remote_core> {
@@ -153,6 +177,13 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
                                                          bool bundle,
                                                          const publish_options& options);
   std::size_t publications() const;
+  // remote_node::register_memory, and its handle's end (remote_registration).
+  absl::StatusOr<std::uint64_t> register_memory(std::uint64_t begin, std::uint64_t bytes);
+  void unregister_memory(std::uint64_t id);
+  // Registrations held (users' and publications'), and those made since
+  // the node started.
+  std::size_t registrations() const;
+  std::uint64_t registrations_made() const;
   // remote_node::when_ended.
   absl::Status when_ended(std::uint64_t lease_id, std::function<void(publication_end)> callback);
   std::size_t connections() const;
@@ -294,6 +325,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::string listen_address_;
   std::uint16_t listen_port_ = 0;
 
+  // Memory registered for RMA (trusted peers only).
+  registration_table registrations_;
   std::map<std::uint64_t, publication> publications_;
   // Ended publications whose memory sends still read.
   std::map<std::uint64_t, publication> draining_;

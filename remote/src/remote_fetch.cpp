@@ -1,9 +1,13 @@
 // A remote import's bytes: the pieces its exporter sends, each checked
 // against the descriptor before a byte of it is written, or, between
 // trusted peers, the RMA gets the import issues itself.
+#include <algorithm>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "remote/src/remote_core.hpp"
@@ -26,6 +30,42 @@ bool known_plan(std::uint8_t plan) {
 }
 
 }  // namespace
+
+absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices) {
+  // RMA only between trusted peers, with the exporter's keys; by default
+  // only where UCX reads with a lane of its own (a connection in use tells).
+  // A bundle is read one way: by RMA when every member with bytes can be.
+  const remote_node_options& o = core_->options();
+  ucp_ep_h ep = endpoint_->ep;
+  std::optional<bool> native;
+  auto native_rma = [ep, &native] {
+    if (!native) native = remote_core::native_rma(ep);
+    return *native;
+  };
+  bool some_rma = false;
+  bool some_pieces = false;
+  auto choose = [&](remote_fetch mode) -> absl::Status {
+    some_rma = false;
+    some_pieces = false;
+    for (std::size_t k = 0; k < members_.size(); ++k) {
+      member& m = members_[k];
+      absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
+          m.descriptor, m.plan, mode, o.trusted_peers, native_rma, o.min_run_bytes);
+      if (!fetch.ok()) {
+        return bundle_ ? remote_detail::for_member(fetch.status(), k, members_.size())
+                       : fetch.status();
+      }
+      choices[k] = *fetch;
+      if (m.plan.plan.element_count > 0) (fetch->rma ? some_rma : some_pieces) = true;
+    }
+    rma_ = mode == remote_fetch::rma || (some_rma && !some_pieces);
+    return absl::OkStatus();
+  };
+  absl::Status chosen = choose(o.fetch);
+  // Some members keyed and some not: all come as pieces.
+  if (chosen.ok() && some_rma && some_pieces) chosen = choose(remote_fetch::active_messages);
+  return chosen;
+}
 
 bool remote_import::adopt_plan_locked(std::size_t k, std::uint8_t plan, std::uint64_t count) {
   member& m = members_[k];
@@ -113,6 +153,7 @@ void remote_import::on_bundle_grant_locked(bool with_bytes, void* data, std::siz
   // Every member's plan, in the grant's data, sent with it; then, when
   // the grant carries the bytes, every member packed.
   const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
+  if (rma_ && !with_bytes) return on_rma_bundle_grant_locked(data, length, in_place);
   const std::size_t plans = members_.size() * sizeof(remote_detail::member_plan);
   if (!in_place || length < plans || (!with_bytes && length != plans) ||
       !adopt_plans_locked(data, plans)) {
@@ -237,33 +278,71 @@ void remote_import::advance_locked() {
   fetched_locked();
 }
 
-void remote_import::fetch_rma_locked() {
-  // One tensor: a bundle's bytes always come as pieces.
-  member& m = members_.front();
-  const import_plan& p = m.plan.plan;
-  if (p.element_count == 0) return advance_locked();
-  // Unpacked now that the connection is up: a key is only as good as the
-  // endpoint's transports. Between trusted peers only: UCX's parser of
-  // keys is not made for hostile bytes.
-  if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, m.descriptor.rkey.data(), &rkey_);
-      s != UCS_OK) {
-    rkey_ = nullptr;
-    return fail_locked(remote_detail::ucx_error(
-        s, "the descriptor's remote key cannot be unpacked; it is corrupt or from another UCX"));
+void remote_import::on_rma_bundle_grant_locked(const void* data, std::size_t length,
+                                               bool in_place) {
+  constexpr std::size_t entry = sizeof(remote_detail::member_plan);
+  bool none = in_place && data != nullptr && length == members_.size() * entry;
+  for (std::size_t k = 0; none && k < members_.size(); ++k) {
+    remote_detail::member_plan p;
+    std::memcpy(&p, static_cast<const unsigned char*>(data) + k * entry, entry);
+    none = p.plan == static_cast<std::uint8_t>(piece_plan::none) && p.pieces == 0;
   }
+  if (!none) {
+    return fail_locked(absl::DataLossError(absl::StrCat(
+        "the exporter's grant for the bundle under lease ", lease_id_, " carries ", length,
+        " bytes, which are not a plan of none for each of its ", members_.size(),
+        " members, read by RMA; it does not speak dlasync's protocol")));
+  }
+  fetch_rma_locked();
+}
+
+absl::StatusOr<ucp_rkey_h> remote_import::key_locked(const std::string& packed) {
+  auto cached = endpoint_->keys.find(packed);
+  if (cached == endpoint_->keys.end()) {
+    // Unpacked now that the connection is up: a key is only as good as the
+    // endpoint's transports. Between trusted peers only: UCX's parser of
+    // keys is not made for hostile bytes.
+    ucp_rkey_h handle = nullptr;
+    if (ucs_status_t s = ucp_ep_rkey_unpack(endpoint_->ep, packed.data(), &handle); s != UCS_OK) {
+      return remote_detail::ucx_error(
+          s, "the descriptor's remote key cannot be unpacked; it is corrupt or from another UCX");
+    }
+    auto key = std::make_shared<unpacked_key>(core_->ucx(), handle);
+    if (endpoint_->keys.size() >= exporter_endpoint::max_keys) {
+      endpoint_->keys.erase(endpoint_->keys.begin());
+    }
+    cached = endpoint_->keys.emplace(packed, std::move(key)).first;
+  }
+  if (std::find(keys_.begin(), keys_.end(), cached->second) == keys_.end()) {
+    keys_.push_back(cached->second);
+  }
+  return cached->second->handle;
+}
+
+void remote_import::fetch_rma_locked() {
   keep_alive_ = shared_from_this();
   rma_issuing_ = true;  // held until every get is issued
-  auto* out = static_cast<unsigned char*>(m.buffer.data());
-  if (m.lands == layout::span) {
-    get_locked(m.plan.span_begin, out, m.fetch_bytes);
-  } else if (p.compact) {
-    get_locked(p.address, out, m.fetch_bytes);
-  } else {
-    const remote_detail::piece_walk runs(m.descriptor, m.plan, piece_plan::runs);
-    for (std::uint64_t i = 0; i < runs.count() && failure_.ok(); ++i) {
-      const remote_detail::piece_range r = runs.at(i);
-      get_locked(r.source, out + r.offset, r.length);
+  for (member& m : members_) {
+    const import_plan& p = m.plan.plan;
+    if (p.element_count == 0) continue;
+    absl::StatusOr<ucp_rkey_h> key = key_locked(m.descriptor.rkey);
+    if (!key.ok()) {
+      failure_ = key.status();
+      break;
     }
+    auto* out = static_cast<unsigned char*>(m.buffer.data());
+    if (m.lands == layout::span) {
+      get_locked(*key, m.plan.span_begin, out, m.fetch_bytes);
+    } else if (p.compact) {
+      get_locked(*key, p.address, out, m.fetch_bytes);
+    } else {
+      const remote_detail::piece_walk runs(m.descriptor, m.plan, piece_plan::runs);
+      for (std::uint64_t i = 0; i < runs.count() && failure_.ok(); ++i) {
+        const remote_detail::piece_range r = runs.at(i);
+        get_locked(*key, r.source, out + r.offset, r.length);
+      }
+    }
+    if (!failure_.ok()) break;
   }
   rma_issuing_ = false;
   core_->ucx().progress();
@@ -272,13 +351,14 @@ void remote_import::fetch_rma_locked() {
   advance_locked();
 }
 
-void remote_import::get_locked(std::uint64_t remote, void* local, std::uint64_t bytes) {
+void remote_import::get_locked(ucp_rkey_h key, std::uint64_t remote, void* local,
+                               std::uint64_t bytes) {
   ++writes_in_flight_;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = &remote_import::on_get;
   param.user_data = this;
-  ucs_status_ptr_t r = ucp_get_nbx(endpoint_->ep, local, bytes, remote, rkey_, &param);
+  ucs_status_ptr_t r = ucp_get_nbx(endpoint_->ep, local, bytes, remote, key, &param);
   if (r == nullptr) return write_done_locked(UCS_OK);
   if (UCS_PTR_IS_ERR(r)) return write_done_locked(UCS_PTR_STATUS(r));
 }

@@ -71,12 +71,11 @@ void remote_import::start(done_fn done, const remote_bundle& b, const import_opt
     const remote_bundle::member& m = b.members[k];
     const remote_descriptor& d = m.descriptor;
     if (d.lease_id != b.lease_id || d.exporter_address != b.exporter_address ||
-        d.exporter_port != b.exporter_port || !d.rkey.empty()) {
-      refused = absl::InvalidArgumentError(
-          absl::StrCat("bundle member ", k, " names lease ", d.lease_id, " at ", d.exporter_address,
-                       " port ", d.exporter_port, " where the bundle names lease ", b.lease_id,
-                       " at ", b.exporter_address, " port ", b.exporter_port,
-                       " (or carries a remote key); a bundle's members are the bundle's"));
+        d.exporter_port != b.exporter_port) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          "bundle member ", k, " names lease ", d.lease_id, " at ", d.exporter_address, " port ",
+          d.exporter_port, " where the bundle names lease ", b.lease_id, " at ", b.exporter_address,
+          " port ", b.exporter_port, "; a bundle's members are the bundle's"));
     }
     members[k].index = m.index;
     members[k].descriptor = d;
@@ -129,26 +128,12 @@ void remote_import::begin(done_fn done, std::vector<member> members, bool bundle
       core_->endpoint_locked(first.exporter_address, first.exporter_port);
   if (!e.ok()) return finish_locked(in_flight(e.status()));
   endpoint_ = *e;
-  // RMA only between trusted peers, with the exporter's key, for one tensor;
-  // by default only where UCX reads with a lane of its own (a connection in
-  // use tells).
-  const remote_node_options& o = core_->options();
-  if (bundle_ && o.fetch == remote_fetch::rma) {
-    return finish_locked(with_import_error(
-        absl::FailedPreconditionError(
-            "remote_node_options::fetch = rma, but a bundle's bytes come as its exporter's "
-            "pieces; import the bundle with remote_fetch::automatic or active_messages"),
-        import_error{.consumed = false, .rule = "bundle", .copy_reasons = ""}));
-  }
-  ucp_ep_h ep = endpoint_->ep;
-  for (member& m : members_) {
-    absl::StatusOr<remote_detail::fetch_choice> fetch = remote_detail::choose_fetch(
-        m.descriptor, m.plan, bundle_ ? remote_fetch::active_messages : o.fetch, o.trusted_peers,
-        [ep] { return remote_core::native_rma(ep); }, o.min_run_bytes);
-    if (!fetch.ok()) return finish_locked(fetch.status());
-    rma_ = fetch->rma;
-    m.lands = fetch->span ? layout::span : layout::compact;
-    m.fetch_bytes = fetch->bytes;
+  std::vector<remote_detail::fetch_choice> choices(members_.size());
+  if (absl::Status s = choose_fetch_locked(choices); !s.ok()) return finish_locked(std::move(s));
+  for (std::size_t k = 0; k < members_.size(); ++k) {
+    member& m = members_[k];
+    m.lands = choices[k].span ? layout::span : layout::compact;
+    m.fetch_bytes = choices[k].bytes;
     if (fetch_bytes_ + m.fetch_bytes < fetch_bytes_) {
       return finish_locked(with_import_error(
           absl::OutOfRangeError("the bundle's members together overflow 64 bits of bytes"),
@@ -239,8 +224,11 @@ void remote_import::request_hold_locked() {
   m.request_id = request_id_;
   std::string asked;  // a bundle's members, each with its digest
   if (bundle_) {
-    // Small members may come packed in the grant, the hold ended with it.
-    m.flags = remote_detail::request_members | remote_detail::request_bytes_with_grant;
+    // Small members may come packed in the grant, the hold ended with it
+    // (not when they are read by RMA).
+    m.flags = rma_ ? remote_detail::request_members
+                   : static_cast<std::uint8_t>(remote_detail::request_members |
+                                               remote_detail::request_bytes_with_grant);
     asked.resize(members_.size() * sizeof(remote_detail::member_request));
     for (std::size_t k = 0; k < members_.size(); ++k) {
       remote_detail::member_request r;
@@ -376,7 +364,7 @@ void remote_import::release_hold_locked() {
 
 void remote_import::cleanup_locked() {
   if (writes_in_flight_ > 0 || rma_issuing_) return;
-  if (rkey_ != nullptr) ucp_rkey_destroy(std::exchange(rkey_, nullptr));
+  keys_.clear();
   for (member& m : members_) m.buffer.reset();
   if (budget_held_ != 0) {
     core_of(core_->rt()).budget()->release(std::exchange(budget_held_, 0));
@@ -422,8 +410,7 @@ void remote_import::after_finalize_locked() {
   // buffer any more, and the key went with the endpoints.
   writes_in_flight_ = 0;
   rma_issuing_ = false;
-  rkey_ = nullptr;
-  cleanup_locked();
+  cleanup_locked();     // the keys see the worker gone, and are not destroyed
   keep_alive_.reset();  // the caller holds this import
 }
 

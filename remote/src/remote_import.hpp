@@ -35,6 +35,7 @@ namespace dlasync::detail {
 
 class remote_core;
 struct exporter_endpoint;
+struct unpacked_key;
 
 // A status code from a peer: one absl knows, else Unknown.
 absl::StatusCode peer_code(std::int32_t code);
@@ -119,14 +120,25 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // member's bytes.
   void unpack_locked(const remote_detail::packed& h, const unsigned char* data, std::size_t length,
                      bool whole);
-  // RMA (trusted peers): the gets this import issues (remote_fetch.cpp).
+  // How each member's bytes come (remote_fetch.cpp): sets rma_ (one way
+  // for all), and each member's choice in `choices`. A refusal (RMA forced
+  // on a member without a key) names the member.
+  absl::Status choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices);
+  // RMA (trusted peers): the gets this import issues (remote_fetch.cpp),
+  // for every member, under its key.
   void fetch_rma_locked();
+  // A bundle's grant for RMA: a plan of none for every member, then the
+  // gets.
+  void on_rma_bundle_grant_locked(const void* data, std::size_t length, bool in_place);
+  // The key `packed` unpacked on the endpoint: from its cache, or unpacked
+  // now (and kept there); this import holds it until nothing writes.
+  absl::StatusOr<ucp_rkey_h> key_locked(const std::string& packed);
   // Forgets, one import_timeout from now, an ended import whose hold
   // request was never answered.
   void forget_locked();
   // Leaves the node's table (answers to it are dropped from then on).
   void untrack_locked();
-  void get_locked(std::uint64_t remote, void* local, std::uint64_t bytes);
+  void get_locked(ucp_rkey_h key, std::uint64_t remote, void* local, std::uint64_t bytes);
   static void on_get(void* request, ucs_status_t status, void* user_data);
   static void on_received(void* request, ucs_status_t status, std::size_t length, void* user_data);
   // A write into the buffer is over (an RMA get or a piece's rendezvous).
@@ -187,7 +199,7 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
 
   // RMA gets (trusted peers), or pieces the exporter sends.
   bool rma_ = false;
-  ucp_rkey_h rkey_ = nullptr;
+  std::vector<std::shared_ptr<unpacked_key>> keys_;  // the members' keys
   bool rma_issuing_ = false;
   std::uint64_t rma_pending_ = 0;
   // Pieces of every member: expected (the plans' sum), and written.

@@ -40,7 +40,7 @@ void remote_import::fetched_locked() {
                      " ended while its bytes were moving, so they may have been released under the "
                      "transfer; publish with a longer publish_options::lease")));
   }
-  if (rkey_ != nullptr) ucp_rkey_destroy(std::exchange(rkey_, nullptr));
+  keys_.clear();  // the cache keeps those it holds
   if (timeout_) timeout_->cancel();
   // Each member's fetched bytes, owned by a buffer that returns their
   // budget: compact ones on a CPU are the result as they are; the others

@@ -317,7 +317,7 @@ TEST_CASE("what the store holds is untrusted: refused by name and kind, never mi
   absl::StatusOr<remote_entry> e = dir->find("junk");
   REQUIRE(e.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(e.status().message()), Catch::Contains("DLRD"));
-  server.raw({"SET", "dlasync:cut", std::string("DLRB\x01\x00\x00\x00", 8)});
+  server.raw({"SET", "dlasync:cut", std::string("DLRB\x02\x00\x00\x00", 8)});
   e = dir->find("cut");
   REQUIRE(e.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(e.status().message()), Catch::Contains("cut short"));

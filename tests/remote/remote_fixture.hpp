@@ -57,9 +57,11 @@ inline std::unique_ptr<importer> make_importer(const std::string& transports,
   return i;
 }
 
-inline std::unique_ptr<peer_process> start_peer(const std::string& transports) {
-  auto p = std::make_unique<peer_process>(DLASYNC_REMOTE_PEER,
-                                          std::vector<std::string>{"--transports=" + transports});
+inline std::unique_ptr<peer_process> start_peer(const std::string& transports,
+                                                bool trusted = false) {
+  std::vector<std::string> args{"--transports=" + transports};
+  if (trusted) args.emplace_back("--trusted");
+  auto p = std::make_unique<peer_process>(DLASYNC_REMOTE_PEER, std::move(args));
   REQUIRE(p->running());
   std::optional<std::string> ready = p->read_line();
   REQUIRE(ready);

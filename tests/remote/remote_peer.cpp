@@ -25,7 +25,8 @@
 //   quit           -> shuts the node down, "bye <deleted>", exits 0
 //
 // Options: --transports=<UCX_TLS list>, --listen=<address> (the node's
-// listener; 127.0.0.1 by default), --import_timeout_ms=<ms>.
+// listener; 127.0.0.1 by default), --import_timeout_ms=<ms>, --trusted
+// (remote_node_options::trusted_peers: publications are read by RMA).
 #include <unistd.h>
 
 #include <atomic>
@@ -137,6 +138,7 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--transports=", 0) == 0) options.transports = a.substr(13);
     if (a.rfind("--listen=", 0) == 0) options.listen_address = a.substr(9);
+    if (a == "--trusted") options.trusted_peers = true;
     if (a.rfind("--import_timeout_ms=", 0) == 0) {
       options.import_timeout = std::chrono::milliseconds(std::stol(a.substr(20)));
     }

@@ -64,6 +64,7 @@
 #include "dlasync/dlpack.hpp"
 #include "dlasync/dtype.hpp"
 #include "dlasync/import_options.hpp"
+#include "dlasync/remote_registration.hpp"
 #include "dlasync/runtime.hpp"
 #include "dlasync/tensor.hpp"
 
@@ -154,9 +155,11 @@ struct remote_descriptor {
 // whose lease and exporter are the bundle's; each keeps its index in the
 // published bundle, so that a bundle of some members (`select`) asks the
 // exporter for exactly those. `encode` writes the lease and the exporter
-// once, then each member's description; `decode` checks the framing as
-// remote_descriptor::decode does, and that the indices rise and lie below
-// `published`. async_import_remote_bundle fetches them.
+// once, each distinct remote key once (members that share a registration
+// share its key), then each member's description and the key it names;
+// `decode` checks the framing as remote_descriptor::decode does, that the
+// indices rise and lie below `published`, and that every key is named and
+// every name is a key. async_import_remote_bundle fetches them.
 //
 // Example:
 //
@@ -169,15 +172,22 @@ struct remote_descriptor {
 //
 // Thread safety: a value type, as remote_descriptor.
 struct remote_bundle {
-  static constexpr std::uint16_t format_version = 1;
+  static constexpr std::uint16_t format_version = 2;
   // The most tensors one bundle holds (publish_bundle and decode refuse more).
   static constexpr std::uint32_t max_members = 4096;
+  // The longest remote key a bundle carries (decode refuses longer ones:
+  // each member gets a copy of its key).
+  static constexpr std::uint32_t max_key_bytes = 4096;
+  // In the encoding: a member that names no key.
+  static constexpr std::uint32_t no_key = 0xffffffff;
 
   struct member {
     // The member's place among the tensors published under the lease.
     std::uint32_t index = 0;
     // Its description; lease_id, exporter_address and exporter_port are the
-    // bundle's (decode sets them, the import refuses others), rkey is empty.
+    // bundle's (decode sets them, the import refuses others); rkey is the
+    // key of the registration that covers it, from an exporter that trusts
+    // its peers, else empty.
     remote_descriptor descriptor;
   };
 
@@ -192,7 +202,8 @@ struct remote_bundle {
   std::string encode() const;
   // InvalidArgument for malformed bytes (as remote_descriptor::decode, and
   // no members, indices that do not rise or lie past `published`, naming
-  // the member); OutOfRange above max_members or max_ndim.
+  // the member, a key named by no member or a member naming no key);
+  // OutOfRange above max_members, max_ndim or max_key_bytes.
   static absl::StatusOr<remote_bundle> decode(std::string_view bytes);
   // The bundle of the members at `positions` of this one (positions into
   // `members`, not indices): OutOfRange for a position past the end,
@@ -309,6 +320,9 @@ class remote_node {
   // InvalidArgument for importers = 0 or a lease not above zero;
   // Unavailable after shutdown; FailedPrecondition when the node does not
   // listen; Internal when UCX refuses the registration (trusted peers).
+  // Between trusted peers the tensor is read by RMA under the key of a
+  // registration: the remote_registration that covers its region, else
+  // one made for it and let go when the publication ends.
   absl::StatusOr<remote_descriptor> publish(managed_tensor& source,
                                             const publish_options& options = {});
   absl::StatusOr<remote_descriptor> publish(const tensor& source,
@@ -318,8 +332,10 @@ class remote_node {
   // refusal refuses them all, naming the member, and consumes none. On
   // success every managed tensor is consumed (the handles are left empty);
   // each producer's deleter runs once when the lease ends, as for one
-  // tensor. Between trusted peers a bundle's members are not registered for
-  // RMA: importers take the exporter's pieces.
+  // tensor. Between trusted peers each member is read by RMA under the key
+  // of a registration: the remote_registration that covers it, else one
+  // made for the publication, once for members whose memory overlaps or
+  // touches.
   absl::StatusOr<remote_bundle> publish_bundle(std::span<managed_tensor> sources,
                                                const publish_options& options = {});
   absl::StatusOr<remote_bundle> publish_bundle(std::span<const tensor> sources,
@@ -337,8 +353,23 @@ class remote_node {
   // put_while_published withdraws a name with it.
   absl::Status when_ended(std::uint64_t lease_id, std::function<void(publication_end)> callback);
 
+  // Registers [address, address + bytes) for RMA until the handle lets it
+  // go (remote_registration). FailedPrecondition unless the node trusts its
+  // peers (remote_node_options::trusted_peers: nothing is registered
+  // without RMA); InvalidArgument for a null address, 0 bytes or a region
+  // past the address space's end; AlreadyExists when it overlaps another
+  // remote_registration of this node (it names that one's region);
+  // Unavailable after shutdown; Internal (or ResourceExhausted) when UCX
+  // refuses.
+  absl::StatusOr<remote_registration> register_memory(const void* address, std::size_t bytes);
+
   // Publications whose producer has not been released yet.
   std::size_t publications() const;
+  // Memory registrations held now (remote_registrations and publications'
+  // own), and UCX registrations made since the node was created:
+  // re-publishing registered memory adds none.
+  std::size_t registrations() const;
+  std::uint64_t registrations_made() const;
   // Remote imports in flight.
   std::size_t imports_in_flight() const;
   // Importers connected to this node's listener.
