@@ -16,7 +16,8 @@
 //          (member 0's), ragged (3 bytes more), empty (the flag, no list),
 //          too_many (one entry more than published), rendezvous (honest,
 //          but sent by rendezvous), with_grant (honest, offering to take
-//          the bytes with the grant)
+//          the bytes with the grant), rma (honest, asking to read the
+//          members itself: send_bytes 0)
 //   release <lease> <hold_id> <secret> -> "sent"
 //   forge_releases <lease> <n>  -> "sent": n releases with guessed holds
 //   send <id> <reply 0|1> <header bytes> <data bytes> <seed>
@@ -434,6 +435,7 @@ int main(int argc, char** argv) {
                         list.size() * sizeof(member_request));
       if (variant == "ragged") bytes += "xyz";
       if (variant == "with_grant") m.flags |= request_bytes_with_grant;
+      if (variant == "rma") m.send_bytes = 0;  // to read the members itself
       p.replied = false;
       p.received = 0;
       p.with_reply = 0;
