@@ -83,6 +83,9 @@ absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remo
 // are at least this long (docs/remote.md).
 inline constexpr std::uint64_t max_runs = std::uint64_t{1} << 16;
 inline constexpr std::uint64_t default_min_sent_run_bytes = std::uint64_t{16} << 10;
+// remote_fetch::automatic reads by RMA only imports of at least this many
+// bytes, unless remote_node_options::min_rma_bytes says otherwise.
+inline constexpr std::uint64_t default_min_rma_bytes = std::uint64_t{16} << 20;
 
 // How an exporter sends the tensor `d` (validated as `p`): whole when
 // compact, dense when its span holds each element once in another order,

@@ -2,6 +2,7 @@
 // against the descriptor before a byte of it is written, or, between
 // trusted peers, the RMA gets the import issues itself.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -61,7 +62,20 @@ absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch
     rma_ = mode == remote_fetch::rma || (some_rma && !some_pieces);
     return absl::OkStatus();
   };
-  absl::Status chosen = choose(o.fetch);
+  // Automatically, small imports take the pieces: over UCX 1.13's shared
+  // memory they were faster below 16 MiB (docs/remote.md).
+  remote_fetch mode = o.fetch;
+  if (mode == remote_fetch::automatic) {
+    std::uint64_t bytes = 0;
+    for (const member& m : members_) {
+      const std::uint64_t more = m.plan.plan.byte_size;
+      bytes = more > UINT64_MAX - bytes ? UINT64_MAX : bytes + more;
+    }
+    const std::uint64_t least =
+        o.min_rma_bytes != 0 ? o.min_rma_bytes : remote_detail::default_min_rma_bytes;
+    if (bytes < least) mode = remote_fetch::active_messages;
+  }
+  absl::Status chosen = choose(mode);
   // Some members keyed and some not: all come as pieces.
   if (chosen.ok() && some_rma && some_pieces) chosen = choose(remote_fetch::active_messages);
   return chosen;

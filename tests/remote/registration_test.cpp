@@ -21,14 +21,17 @@
 namespace dlasync {
 namespace {
 
-// An importer that trusts its peers and reads as `fetch` says.
-std::unique_ptr<importer> trusted_importer(const std::string& transports, remote_fetch fetch) {
+// An importer that trusts its peers and reads as `fetch` says (and,
+// automatically, by RMA from `min_rma_bytes` up).
+std::unique_ptr<importer> trusted_importer(const std::string& transports, remote_fetch fetch,
+                                           std::uint64_t min_rma_bytes = 0) {
   auto i = std::make_unique<importer>();
   i->rt = testing::make_runtime(2);
   remote_node_options o;
   o.transports = transports;
   o.trusted_peers = true;
   o.fetch = fetch;
+  o.min_rma_bytes = min_rma_bytes;
   auto node = remote_node::create(*i->rt, o);
   INFO(node.status().ToString());
   REQUIRE(node.ok());
@@ -101,7 +104,8 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
                std::pair<std::string, remote_fetch>{"shm", remote_fetch::automatic});
   INFO("transports " << transports << ", fetch " << static_cast<int>(fetch));
   auto peer = start_peer(transports, /*trusted=*/true);
-  auto in = trusted_importer(transports, fetch);
+  // Automatically: by RMA where UCX has a lane (cma), from 1 byte up.
+  auto in = trusted_importer(transports, fetch, 1);
   // Every layout, a 0-d and a size-0 member, and large members, each read
   // under the key of its own registration (the peer lays them out apart).
   std::vector<member_spec> members;

@@ -215,8 +215,9 @@ struct remote_bundle {
 enum class remote_fetch : std::uint8_t {
   // The exporter sends the bytes (active messages, UCX's rendezvous for
   // large ones), except between trusted peers (trusted_peers on both
-  // nodes, a descriptor with a remote key) over an endpoint where UCX has a
-  // native RMA lane (cma over shared memory), where RMA gets read them.
+  // nodes, descriptors with remote keys) over an endpoint where UCX has a
+  // native RMA lane (cma over shared memory), for an import of at least
+  // remote_node_options::min_rma_bytes, where RMA gets read them.
   automatic,
   // Always RMA gets (UCX emulates them where a transport has no lane):
   // requires trusted_peers, and descriptors from exporters that trust their
@@ -261,6 +262,11 @@ struct remote_node_options {
   // and compacts it. 0 chooses as measured (docs/remote.md): 16 KiB for
   // sent runs, 4 KiB for RMA gets.
   std::uint64_t min_run_bytes = 0;
+  // Under remote_fetch::automatic, the fewest bytes (one tensor's, or a
+  // bundle's members' together) read by RMA between trusted peers; smaller
+  // imports take the exporter's pieces. 0 chooses as measured
+  // (docs/remote.md): 16 MiB.
+  std::uint64_t min_rma_bytes = 0;
 };
 
 // Why a publication ended (remote_node::when_ended): from then on its
