@@ -167,7 +167,7 @@ void remote_import::on_bundle_grant_locked(bool with_bytes, void* data, std::siz
   // Every member's plan, in the grant's data, sent with it; then, when
   // the grant carries the bytes, every member packed.
   const bool in_place = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) == 0;
-  if (rma_ && !with_bytes) return on_rma_bundle_grant_locked(data, length, in_place);
+  if (rma_) return on_rma_bundle_grant_locked(with_bytes, data, length, in_place);
   const std::size_t plans = members_.size() * sizeof(remote_detail::member_plan);
   if (!in_place || length < plans || (!with_bytes && length != plans) ||
       !adopt_plans_locked(data, plans)) {
@@ -292,10 +292,10 @@ void remote_import::advance_locked() {
   fetched_locked();
 }
 
-void remote_import::on_rma_bundle_grant_locked(const void* data, std::size_t length,
-                                               bool in_place) {
+void remote_import::on_rma_bundle_grant_locked(bool with_bytes, const void* data,
+                                               std::size_t length, bool in_place) {
   constexpr std::size_t entry = sizeof(remote_detail::member_plan);
-  bool none = in_place && data != nullptr && length == members_.size() * entry;
+  bool none = !with_bytes && in_place && data != nullptr && length == members_.size() * entry;
   for (std::size_t k = 0; none && k < members_.size(); ++k) {
     remote_detail::member_plan p;
     std::memcpy(&p, static_cast<const unsigned char*>(data) + k * entry, entry);

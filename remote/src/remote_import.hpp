@@ -127,9 +127,10 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // RMA (trusted peers): the gets this import issues (remote_fetch.cpp),
   // for every member, under its key.
   void fetch_rma_locked();
-  // A bundle's grant for RMA: a plan of none for every member, then the
-  // gets.
-  void on_rma_bundle_grant_locked(const void* data, std::size_t length, bool in_place);
+  // A bundle's grant for RMA: a plan of none for every member and no
+  // bytes (DataLoss otherwise), then the gets.
+  void on_rma_bundle_grant_locked(bool with_bytes, const void* data, std::size_t length,
+                                  bool in_place);
   // The key `packed` unpacked on the endpoint: from its cache, or unpacked
   // now (and kept there); this import holds it until nothing writes.
   absl::StatusOr<ucp_rkey_h> key_locked(const std::string& packed);

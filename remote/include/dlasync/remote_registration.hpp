@@ -31,8 +31,8 @@ class remote_core;
 //   ... publish tensors that lie in the pool, as often as needed ...
 //   reg->reset();  // or let it go out of scope
 //
-// Thread safety: a handle is one owner's (move-only); reset may run on any
-// thread but the runtime's.
+// Thread safety: a handle is one owner's (move-only); reset (and the
+// destructor) may run on any thread, and takes the node's lock briefly.
 class remote_registration {
  public:
   remote_registration() noexcept = default;
