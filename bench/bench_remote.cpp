@@ -27,7 +27,8 @@
 //
 // --trusted: both nodes trust their peers (remote_node_options::
 // trusted_peers), so importers read by RMA get where UCX has a lane of its
-// own (cma over shared memory; --fetch=rma forces it). The exporter keeps
+// own (cma over shared memory) for imports of at least 16 MiB
+// (min_rma_bytes); --fetch=rma reads every import so. The exporter keeps
 // each buffer it publishes from registered (remote_node::register_memory),
 // so re-publishing registers nothing; --trusted=unregistered lets each
 // publication register its own memory instead.
@@ -123,7 +124,11 @@ int serve(const std::string& transports, const std::string& trust) {
     buffers.push_back(memory);
     if (trust == "registered") {
       absl::StatusOr<remote_registration> r = (*node)->register_memory(memory->data(), bytes);
-      if (r.ok()) registered.push_back(*std::move(r));
+      if (!r.ok()) {
+        std::cerr << "register_memory: " << r.status() << "\n";
+        std::exit(1);
+      }
+      registered.push_back(*std::move(r));
     }
     return memory;
   };

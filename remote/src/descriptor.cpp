@@ -300,10 +300,15 @@ absl::StatusOr<remote_bundle> remote_bundle::decode(std::string_view bytes) {
   for (std::uint32_t k = 0; k < key_count; ++k) {
     if (absl::Status s = r.blob(keys[k], "remote key"); !s.ok()) return s;
     // Each member copies its key: a bound on what the bytes can make.
-    if (keys[k].empty() || keys[k].size() > max_key_bytes) {
+    if (keys[k].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("remote bundle: remote key ", k,
+                                                     " is empty; a member without a key "
+                                                     "names none"));
+    }
+    if (keys[k].size() > max_key_bytes) {
       return absl::OutOfRangeError(
           absl::StrCat("remote bundle: remote key ", k, " of ", keys[k].size(),
-                       " bytes; a bundle's keys hold 1 to ", max_key_bytes));
+                       " bytes; a bundle's keys hold at most ", max_key_bytes));
     }
     if (auto [at, fresh] = seen.emplace(keys[k], k); !fresh) {
       return absl::InvalidArgumentError(absl::StrCat("remote bundle: remote key ", k,

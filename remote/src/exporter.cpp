@@ -61,6 +61,17 @@ absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
     }
     absl::StatusOr<std::vector<std::uint64_t>> ids = registrations_.cover_locked(regions);
     if (!ids.ok()) return ids.status();
+    for (std::size_t i = 0; bundle && i < regions.size(); ++i) {
+      if (regions[i].key.size() <= remote_bundle::max_key_bytes) continue;
+      // No importer could read the bundle back.
+      registrations_.release_locked(*ids);
+      return remote_detail::for_member(
+          absl::OutOfRangeError(
+              absl::StrCat("UCX packed its remote key into ", regions[i].key.size(),
+                           " bytes, above the ", remote_bundle::max_key_bytes,
+                           " a bundle carries; publish it alone, or with fewer UCX transports")),
+          i, regions.size());
+    }
     pub.registrations = *std::move(ids);
     pub.rma = true;
     for (std::size_t i = 0; i < members.size(); ++i) {

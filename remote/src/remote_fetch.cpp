@@ -195,7 +195,9 @@ void remote_import::on_bundle_grant_locked(bool with_bytes, void* data, std::siz
 void remote_import::on_packed_locked(const remote_detail::packed& m, void* data, std::size_t length,
                                      const ucp_am_recv_param_t* param) {
   const ucp_ep_h from = ucx_worker::reply_endpoint(param);
-  if (endpoint_ == nullptr || from != endpoint_->ep || !bundle_ || !hold_requested_ || finished_) {
+  // Read by RMA: nothing is sent.
+  if (endpoint_ == nullptr || from != endpoint_->ep || !bundle_ || rma_ || !hold_requested_ ||
+      finished_) {
     return;
   }
   endpoint_->heard = std::chrono::steady_clock::now();

@@ -175,9 +175,10 @@ struct remote_bundle {
   static constexpr std::uint16_t format_version = 2;
   // The most tensors one bundle holds (publish_bundle and decode refuse more).
   static constexpr std::uint32_t max_members = 4096;
-  // The longest remote key a bundle carries (decode refuses longer ones:
-  // each member gets a copy of its key).
-  static constexpr std::uint32_t max_key_bytes = 4096;
+  // The longest remote key a bundle carries (publish_bundle and decode
+  // refuse longer ones: each member gets a copy of its key, so this bounds
+  // what a bundle's bytes can make decode allocate, to 4 MiB).
+  static constexpr std::uint32_t max_key_bytes = 1024;
   // In the encoding: a member that names no key.
   static constexpr std::uint32_t no_key = 0xffffffff;
 
@@ -341,7 +342,8 @@ class remote_node {
   // tensor. Between trusted peers each member is read by RMA under the key
   // of a registration: the remote_registration that covers it, else one
   // made for the publication, once for members whose memory overlaps or
-  // touches.
+  // touches (OutOfRange, naming the member, when UCX packs a key longer
+  // than remote_bundle::max_key_bytes).
   absl::StatusOr<remote_bundle> publish_bundle(std::span<managed_tensor> sources,
                                                const publish_options& options = {});
   absl::StatusOr<remote_bundle> publish_bundle(std::span<const tensor> sources,
@@ -440,8 +442,11 @@ auto async_import_remote(remote_node& node, const remote_descriptor& descriptor,
 // as async_import_remote validates one descriptor; a refusal of any member
 // (here, or by the exporter) refuses the whole import, and its message
 // names the member. Failures in flight, cancellation and timeouts end the
-// whole import, as for one tensor. remote_fetch::rma is refused
-// (FailedPrecondition): a bundle's bytes come as the exporter's pieces.
+// whole import, as for one tensor. Between trusted peers the members are
+// read by RMA when every one with bytes carries a key (and, under
+// remote_fetch::automatic, they come to at least min_rma_bytes); under
+// remote_fetch::rma a member without a key refuses the import
+// (FailedPrecondition, rule "remote_region", naming the member).
 template <ASIO_COMPLETION_TOKEN_FOR(void(absl::StatusOr<std::vector<tensor>>))
               CompletionToken = dlasync::detail::default_token_t<runtime::executor_type>>
 auto async_import_remote_bundle(remote_node& node, const remote_bundle& bundle,
