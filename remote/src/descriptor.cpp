@@ -33,7 +33,7 @@ class writer {
     }
     out_.append(reinterpret_cast<const char*>(bytes), sizeof(T));
   }
-  void blob(const std::string& b) {
+  void blob(std::string_view b) {
     put<std::uint32_t>(static_cast<std::uint32_t>(b.size()));
     out_ += b;
   }
@@ -238,15 +238,15 @@ absl::StatusOr<remote_descriptor> remote_descriptor::decode(std::string_view byt
 
 std::string remote_bundle::encode() const {
   // Each distinct remote key once, in the order members first name it.
-  std::vector<const std::string*> keys;
+  std::vector<std::string_view> keys;
+  std::unordered_map<std::string_view, std::uint32_t> place;
   std::vector<std::uint32_t> key_of(members.size(), no_key);
   for (std::size_t i = 0; i < members.size(); ++i) {
     const std::string& key = members[i].descriptor.rkey;
     if (key.empty()) continue;
-    auto seen =
-        std::find_if(keys.begin(), keys.end(), [&](const std::string* k) { return *k == key; });
-    key_of[i] = static_cast<std::uint32_t>(seen - keys.begin());
-    if (seen == keys.end()) keys.push_back(&key);
+    auto [at, fresh] = place.emplace(key, static_cast<std::uint32_t>(keys.size()));
+    if (fresh) keys.push_back(key);
+    key_of[i] = at->second;
   }
   std::string out;
   out.reserve(32 + members.size() * 164);
@@ -259,7 +259,7 @@ std::string remote_bundle::encode() const {
   w.put<std::uint32_t>(published);
   w.put<std::uint32_t>(static_cast<std::uint32_t>(members.size()));
   w.put<std::uint32_t>(static_cast<std::uint32_t>(keys.size()));
-  for (const std::string* key : keys) w.blob(*key);
+  for (std::string_view key : keys) w.blob(key);
   for (std::size_t i = 0; i < members.size(); ++i) {
     w.put<std::uint32_t>(members[i].index);
     w.put<std::uint32_t>(key_of[i]);

@@ -73,7 +73,6 @@ absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
           i, regions.size());
     }
     pub.registrations = *std::move(ids);
-    pub.rma = true;
     for (std::size_t i = 0; i < members.size(); ++i) {
       members[i].description.rkey = std::move(regions[i].key);
     }

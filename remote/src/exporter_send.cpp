@@ -114,7 +114,7 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
   if (m.send_bytes > 1) {
     return refuse(absl::StatusCode::kInvalidArgument, "a hold request's send_bytes is 0 or 1");
   }
-  if (m.send_bytes == 0 && !pub.rma) {
+  if (m.send_bytes == 0 && !options_.trusted_peers) {
     return refuse(absl::StatusCode::kPermissionDenied,
                   "this exporter does not let importers read its memory (its node does not "
                   "trust its peers with RMA); ask for the bytes instead");

@@ -10,9 +10,6 @@ namespace dlasync::detail {
 
 absl::StatusOr<std::uint64_t> registration_table::register_locked(std::uint64_t begin,
                                                                   std::uint64_t bytes, bool user) {
-  if (cleared_) {
-    return absl::UnavailableError("the remote node is shut down; register before shutdown");
-  }
   entry e;
   e.begin = begin;
   e.bytes = bytes;
@@ -138,7 +135,6 @@ void registration_table::clear_locked() {
   for (auto& [id, e] : entries_) ucp_mem_unmap(context_, e.memh);
   entries_.clear();
   users_.clear();
-  cleared_ = true;
 }
 
 }  // namespace dlasync::detail

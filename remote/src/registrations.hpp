@@ -48,7 +48,8 @@ class registration_table {
   absl::StatusOr<std::vector<std::uint64_t>> cover_locked(std::vector<region>& regions);
   void release_locked(const std::vector<std::uint64_t>& ids);
 
-  // Unregisters everything (the node shuts down); later calls find nothing.
+  // Unregisters everything (the node shuts down, and registers nothing
+  // after it); ids handed out before find nothing.
   void clear_locked();
   // Registrations held now (users' and publications'), and UCX
   // registrations made since the node started.
@@ -70,7 +71,6 @@ class registration_table {
   void drop_if_unused_locked(std::map<std::uint64_t, entry>::iterator it);
 
   ucp_context_h context_;
-  bool cleared_ = false;
   std::uint64_t last_id_ = 0;
   std::uint64_t made_ = 0;
   std::map<std::uint64_t, entry> entries_;  // by id

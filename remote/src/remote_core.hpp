@@ -97,9 +97,8 @@ struct publication {
   // One tensor, or a bundle's, in the order of their indices.
   std::vector<published_member> members;
   // Between trusted peers: the registrations its members are read under
-  // (registration_table), and that importers may read it by RMA.
+  // (registration_table).
   std::vector<std::uint64_t> registrations;
-  bool rma = false;
   std::uint32_t importers = 1;
   std::uint32_t granted = 0;
   std::uint32_t releases = 0;

@@ -56,25 +56,10 @@ TEST_CASE("a bundle crosses from another process with one hold, every member int
   absl::StatusOr<std::vector<tensor>> got = import_bundle_now(*in->node, b);
   INFO(got.status().ToString());
   REQUIRE(got.ok());
-  REQUIRE(got->size() == members.size());
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    INFO("member " << i << ": " << members[i].layout << " "
-                   << testing::shape_text(members[i].shape));
-    const tensor& t = (*got)[i];
-    REQUIRE(t.device() == host_device);
-    if (members[i].shape.empty() || t.byte_size() == 0) {
-      REQUIRE(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()) == members[i].shape);
-      continue;
-    }
-    check_bytes(t, members[i].layout, members[i].shape, dtypes::float32,
-                40 + static_cast<unsigned>(i));
-  }
+  check_bundle(*got, members, 40);
   // One hold for all: released once, and every producer with it.
   const int n = static_cast<int>(members.size());
-  REQUIRE(peer_reaches(*peer, "deleted", n));
-  REQUIRE(peer_count(*peer, "publications") == 0);
-  got = absl::StatusOr<std::vector<tensor>>(std::vector<tensor>{});
-  REQUIRE(testing::copy_budget(*in->rt).in_use() == 0);
+  require_released(*peer, n, *in, got);
 
   // Many small members: one hold, every piece in flight together.
   std::vector<member_spec> small(256, member_spec{"contiguous", {32, 32}});

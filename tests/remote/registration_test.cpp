@@ -25,18 +25,12 @@ namespace {
 // automatically, by RMA from `min_rma_bytes` up).
 std::unique_ptr<importer> trusted_importer(const std::string& transports, remote_fetch fetch,
                                            std::uint64_t min_rma_bytes = 0) {
-  auto i = std::make_unique<importer>();
-  i->rt = testing::make_runtime(2);
   remote_node_options o;
   o.transports = transports;
   o.trusted_peers = true;
   o.fetch = fetch;
   o.min_rma_bytes = min_rma_bytes;
-  auto node = remote_node::create(*i->rt, o);
-  INFO(node.status().ToString());
-  REQUIRE(node.ok());
-  i->node = *std::move(node);
-  return i;
+  return make_importer(o);
 }
 
 // How often `needle` occurs in `haystack`.
@@ -127,19 +121,10 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   absl::StatusOr<std::vector<tensor>> got = import_bundle_now(*in->node, b);
   INFO(got.status().ToString());
   REQUIRE(got.ok());
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    INFO("member " << i << ": " << members[i].layout);
-    const tensor& t = (*got)[i];
-    if (members[i].shape.empty() || t.byte_size() == 0) continue;
-    check_bytes(t, members[i].layout, members[i].shape, dtypes::float32,
-                60 + static_cast<unsigned>(i));
-  }
+  check_bundle(*got, members, 60);
   // One hold, released once: every producer goes, and every registration.
   const int n = static_cast<int>(members.size());
-  REQUIRE(peer_reaches(*peer, "deleted", n));
-  REQUIRE(peer_count(*peer, "publications") == 0);
-  got = absl::StatusOr<std::vector<tensor>>(std::vector<tensor>{});
-  REQUIRE(testing::copy_budget(*in->rt).in_use() == 0);
+  require_released(*peer, n, *in, got);
   // Imports of the same exporter again (its keys unpacked afresh or from
   // the connection's cache): a subset of a second bundle.
   const remote_bundle again = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +

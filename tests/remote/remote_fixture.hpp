@@ -23,6 +23,7 @@
 #include "dlasync/dlasync.hpp"
 #include "dlasync/remote.hpp"
 #include "remote/remote_support.hpp"
+#include "support/copy_budget.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
 
@@ -41,20 +42,27 @@ struct importer {
   }
 };
 
-inline std::unique_ptr<importer> make_importer(const std::string& transports,
-                                               std::uint64_t budget = 0, bool trusted = false,
-                                               std::chrono::milliseconds import_timeout = 30s) {
+// A node with options `o` on a runtime of its own, with a copy budget of
+// `budget` (0: the default).
+inline std::unique_ptr<importer> make_importer(const remote_node_options& o,
+                                               std::uint64_t budget = 0) {
   auto i = std::make_unique<importer>();
   i->rt = testing::make_runtime(2, budget);
-  remote_node_options o;
-  o.transports = transports;
-  o.trusted_peers = trusted;
-  o.import_timeout = import_timeout;
   auto node = remote_node::create(*i->rt, o);
   INFO(node.status().ToString());
   REQUIRE(node.ok());
   i->node = *std::move(node);
   return i;
+}
+
+inline std::unique_ptr<importer> make_importer(const std::string& transports,
+                                               std::uint64_t budget = 0, bool trusted = false,
+                                               std::chrono::milliseconds import_timeout = 30s) {
+  remote_node_options o;
+  o.transports = transports;
+  o.trusted_peers = trusted;
+  o.import_timeout = import_timeout;
+  return make_importer(o, budget);
 }
 
 inline std::unique_ptr<peer_process> start_peer(const std::string& transports,
@@ -246,6 +254,37 @@ inline absl::StatusOr<std::vector<tensor>> import_bundle_now(remote_node& node,
       async_import_remote_bundle(node, b, o, asio::use_future);
   REQUIRE(f.wait_for(60s) == std::future_status::ready);
   return f.get();
+}
+
+// Each of `got` is the member publish_bundle laid out as `members` (member i
+// with seed `seed + i`), a compact host copy; a 0-d or size-0 member has its
+// shape.
+inline void check_bundle(const std::vector<tensor>& got, const std::vector<member_spec>& members,
+                         unsigned seed) {
+  REQUIRE(got.size() == members.size());
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    INFO("member " << i << ": " << members[i].layout << " "
+                   << testing::shape_text(members[i].shape));
+    const tensor& t = got[i];
+    REQUIRE(t.device() == host_device);
+    if (members[i].shape.empty() || t.byte_size() == 0) {
+      REQUIRE(std::vector<std::int64_t>(t.shape().begin(), t.shape().end()) == members[i].shape);
+      continue;
+    }
+    check_bytes(t, members[i].layout, members[i].shape, dtypes::float32,
+                seed + static_cast<unsigned>(i));
+  }
+}
+
+// After a bundle of `n` members from `peer` was imported into `got`: the
+// peer has run all `n` deleters and holds no publication, and, once `got`
+// is dropped, the importer's budget is all back.
+inline void require_released(peer_process& peer, int n, importer& in,
+                             absl::StatusOr<std::vector<tensor>>& got) {
+  REQUIRE(peer_reaches(peer, "deleted", n));
+  REQUIRE(peer_count(peer, "publications") == 0);
+  got = absl::StatusOr<std::vector<tensor>>(std::vector<tensor>{});
+  REQUIRE(testing::copy_budget(*in.rt).in_use() == 0);
 }
 
 // Tensors of the pattern owned by the test, published together with
