@@ -1,5 +1,8 @@
 #include "dlasync/memory_budget.hpp"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -76,6 +79,56 @@ TEST_CASE("an unlimited budget never waits", "[runtime][budget]") {
   for (int i = 0; i < 3; ++i)
     budget.acquire(std::uint64_t{1} << 40, [&](const absl::Status& s) { granted += s.ok(); });
   CHECK(granted == 3);
+}
+
+// The fast path takes no lock: a release that sees nobody waiting returns
+// at once. A request that starts to wait while such a release gives its bytes
+// back must still be granted (no lost wake-up), and no grant may exceed the
+// limit. Threads mix try_acquire, acquire and release on a small budget;
+// every wait must end, and everything must come back.
+TEST_CASE("grants and releases from many threads lose no waiter", "[runtime][budget]") {
+  constexpr std::uint64_t limit = 64;
+  memory_budget budget(limit);
+  constexpr int threads = 4;
+  constexpr int rounds = 4000;
+  std::atomic<int> stuck{0};
+  std::atomic<int> over{0};
+  std::atomic<int> granted{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int i = 0; i < rounds; ++i) {
+        const std::uint64_t bytes = 1 + static_cast<std::uint64_t>((i * 7 + t * 13) % 40);
+        if ((i + t) % 3 == 0 && budget.try_acquire(bytes)) {
+          if (budget.in_use() > limit) over.fetch_add(1);
+          granted.fetch_add(1);
+          budget.release(bytes);
+          continue;
+        }
+        std::atomic<bool> done{false};
+        budget.acquire(bytes, [&](const absl::Status& s) {
+          if (s.ok()) done.store(true, std::memory_order_release);
+        });
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (!done.load(std::memory_order_acquire)) {
+          if (std::chrono::steady_clock::now() > until) {
+            stuck.fetch_add(1);
+            return;
+          }
+          std::this_thread::yield();
+        }
+        if (budget.in_use() > limit) over.fetch_add(1);
+        granted.fetch_add(1);
+        budget.release(bytes);
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  CHECK(stuck.load() == 0);
+  CHECK(over.load() == 0);
+  CHECK(granted.load() == threads * rounds);
+  CHECK(budget.in_use() == 0);
+  CHECK(budget.waiting() == 0);
 }
 
 }  // namespace dlasync
