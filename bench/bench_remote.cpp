@@ -560,6 +560,11 @@ int main(int argc, char** argv) {
     }
     exporter.send("quit");
     exporter.wait();
+    // Which way the imports went (what automatic chose).
+    const remote_import_counts done = (*node)->imports_completed();
+    std::printf("\n%s imports: %llu read by RMA, %llu sent by the exporter\n", tls.c_str(),
+                static_cast<unsigned long long>(done.read_by_rma),
+                static_cast<unsigned long long>(done.sent_by_exporter));
     (*node)->shutdown();
   }
   return failed ? 1 : 0;

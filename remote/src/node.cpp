@@ -283,6 +283,9 @@ std::uint64_t remote_node::registrations_made() const {
 std::size_t remote_node::imports_in_flight() const {
   return core_->imports_in_flight();
 }
+remote_import_counts remote_node::imports_completed() const {
+  return core_->imports_completed();
+}
 std::size_t remote_node::connections() const {
   return core_->connections();
 }

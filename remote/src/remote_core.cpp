@@ -285,6 +285,11 @@ std::size_t remote_core::imports_in_flight() const {
   return imports_.size();
 }
 
+remote_import_counts remote_core::imports_completed() const {
+  std::lock_guard lock(ucx_->mutex());
+  return completed_;
+}
+
 std::size_t remote_core::connections() const {
   std::lock_guard lock(ucx_->mutex());
   return importers_.size();

@@ -36,6 +36,7 @@
 #include "dlasync/tensor.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/protocol.hpp"
+#include "remote/src/recent_map.hpp"
 #include "remote/src/registrations.hpp"
 #include "remote/src/ucx_error.hpp"
 #include "remote/src/ucx_worker.hpp"
@@ -147,8 +148,9 @@ struct exporter_endpoint {
   // Known once the endpoint is wired up; asked when an import needs it.
   std::vector<std::weak_ptr<class remote_import>> users;
   // Remote keys unpacked on `ep`, by their packed bytes: imports of memory
-  // an exporter keeps registered unpack its key once (trusted peers).
-  std::unordered_map<std::string, std::shared_ptr<unpacked_key>> keys;
+  // an exporter keeps registered unpack its key once (trusted peers). The
+  // least recently used goes first.
+  remote_detail::recent_map<std::shared_ptr<unpacked_key>> keys{max_keys};
 };
 
 class remote_core : public std::enable_shared_from_this<remote_core> {
@@ -200,6 +202,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // closed. `from_ucx`: inside UCX's callback, where it may not be closed.
   void endpoint_lost_locked(exporter_endpoint& e, absl::Status why, bool from_ucx);
   std::size_t imports_in_flight() const;
+  remote_import_counts imports_completed() const;
+  // An import completed with its tensors, read by RMA or not.
+  void count_completed_locked(bool by_rma) noexcept {
+    ++(by_rma ? completed_.read_by_rma : completed_.sent_by_exporter);
+  }
   // Whether UCX reads over `ep` with a native RMA lane (cma over shared
   // memory) rather than emulating RMA with active messages.
   static bool native_rma(ucp_ep_h ep);
@@ -344,6 +351,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::unordered_map<std::string, std::unique_ptr<exporter_endpoint>> endpoints_;
   std::vector<std::unique_ptr<exporter_endpoint>> failed_endpoints_;
   std::unordered_map<std::uint64_t, std::shared_ptr<remote_import>> imports_;
+  remote_import_counts completed_;
 };
 
 // The import's operation on `core` (remote_import.cpp); the initiating

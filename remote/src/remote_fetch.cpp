@@ -313,8 +313,8 @@ void remote_import::on_rma_bundle_grant_locked(bool with_bytes, const void* data
 }
 
 absl::StatusOr<ucp_rkey_h> remote_import::key_locked(const std::string& packed) {
-  auto cached = endpoint_->keys.find(packed);
-  if (cached == endpoint_->keys.end()) {
+  std::shared_ptr<unpacked_key>* cached = endpoint_->keys.find(packed);
+  if (cached == nullptr) {
     // Unpacked now that the connection is up: a key is only as good as the
     // endpoint's transports. Between trusted peers only: UCX's parser of
     // keys is not made for hostile bytes.
@@ -323,16 +323,10 @@ absl::StatusOr<ucp_rkey_h> remote_import::key_locked(const std::string& packed) 
       return remote_detail::ucx_error(
           s, "the descriptor's remote key cannot be unpacked; it is corrupt or from another UCX");
     }
-    auto key = std::make_shared<unpacked_key>(core_->ucx(), handle);
-    if (endpoint_->keys.size() >= exporter_endpoint::max_keys) {
-      endpoint_->keys.erase(endpoint_->keys.begin());
-    }
-    cached = endpoint_->keys.emplace(packed, std::move(key)).first;
+    cached = &endpoint_->keys.put(packed, std::make_shared<unpacked_key>(core_->ucx(), handle));
   }
-  if (std::find(keys_.begin(), keys_.end(), cached->second) == keys_.end()) {
-    keys_.push_back(cached->second);
-  }
-  return cached->second->handle;
+  if (std::find(keys_.begin(), keys_.end(), *cached) == keys_.end()) keys_.push_back(*cached);
+  return (*cached)->handle;
 }
 
 void remote_import::fetch_rma_locked() {

@@ -381,6 +381,7 @@ void remote_import::finish_locked(absl::StatusOr<std::vector<tensor>> result) {
     return;
   }
   if (timeout_) timeout_->cancel();
+  if (result.ok()) core_->count_completed_locked(rma_);
   std::move(done_)(std::move(result));
   done_ = nullptr;
 }

@@ -14,6 +14,7 @@
 #include "dlasync/remote.hpp"
 #include "remote/remote_fixture.hpp"
 #include "remote/remote_support.hpp"
+#include "remote/src/recent_map.hpp"
 #include "support/copy_budget.hpp"
 #include "support/runtime_fixture.hpp"
 #include "support/test_tensors.hpp"
@@ -137,6 +138,20 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   check_bytes((*got)[2], "contiguous", {512, 1024}, dtypes::float32,
               9 + static_cast<unsigned>(members.size() - 1));
   REQUIRE(peer_reaches(*peer, "deleted", 2 * n));
+  // Both read as the fetch said: by RMA when forced. Automatically, the
+  // first on a new connection comes as pieces (UCX reports its lanes once
+  // the endpoint is wired up), the second by RMA where UCX reads over a
+  // native lane (cma).
+  const remote_import_counts done = in->node->imports_completed();
+  INFO("transports " << in->node->transports());
+  CHECK(done.read_by_rma + done.sent_by_exporter == 2);
+  if (fetch == remote_fetch::rma) {
+    CHECK(done.read_by_rma == 2);
+  } else if (in->node->transports().find("cma") != std::string::npos) {
+    CHECK(done.read_by_rma >= 1);
+  } else {
+    CHECK(done.sent_by_exporter == 2);
+  }
   REQUIRE(peer->ask("quit") == "bye " + std::to_string(2 * n));
   REQUIRE(peer->wait_exit() == 0);
 }
@@ -278,16 +293,43 @@ TEST_CASE("a bundle keyed in part comes as pieces, or is refused under fetch = r
   // Automatically: every member as the exporter's pieces.
   // (From 1 byte up: the mixed bundle, not its size, makes it pieces.)
   auto automatic = trusted_importer("", remote_fetch::automatic, 1);
+  CHECK(rma->node->imports_completed().read_by_rma == 0);
   for (const remote_bundle& b : {stripped, p->bundle}) {
+    const remote_import_counts before = automatic->node->imports_completed();
     got = import_bundle_now(*automatic->node, b);
     INFO(got.status().ToString());
     REQUIRE(got.ok());
+    if (b.members[1].descriptor.rkey.empty()) {
+      // The keyless member makes the whole bundle pieces.
+      CHECK(automatic->node->imports_completed().sent_by_exporter == before.sent_by_exporter + 1);
+      CHECK(automatic->node->imports_completed().read_by_rma == before.read_by_rma);
+    }
     check_bytes((*got)[0], "contiguous", {8, 8}, dtypes::float32, 21);
     check_bytes((*got)[1], "transposed", {9, 3}, dtypes::float32, 22);
     check_bytes((*got)[2], "contiguous", {16}, dtypes::float32, 23);
   }
   REQUIRE(testing::eventually([&] { return p->count.calls.load() == 3; }));
   REQUIRE(testing::eventually([&] { return out->node->registrations() == 0; }));
+}
+
+TEST_CASE("the key cache lets the least recently used key go", "[remote][rma]") {
+  remote_detail::recent_map<int> keys(3);
+  keys.put("a", 1);
+  keys.put("b", 2);
+  keys.put("c", 3);
+  REQUIRE(keys.find("a") != nullptr);  // a is now the most recent
+  keys.put("d", 4);                    // b, the least recent, goes
+  CHECK(keys.size() == 3);
+  CHECK(keys.find("b") == nullptr);
+  REQUIRE(keys.find("a") != nullptr);
+  CHECK(*keys.find("a") == 1);
+  keys.put("e", 5);  // c goes: a and d were used after it
+  CHECK(keys.find("c") == nullptr);
+  CHECK(keys.find("d") != nullptr);
+  CHECK(keys.find("e") != nullptr);
+  CHECK(keys.find("a") != nullptr);
+  keys.clear();
+  CHECK(keys.size() == 0);
 }
 
 TEST_CASE("a bundle's keys are written once each, in order, and read back or refused",

@@ -270,6 +270,13 @@ struct remote_node_options {
   std::uint64_t min_rma_bytes = 0;
 };
 
+// Remote imports this node completed, by how their bytes came
+// (remote_node::imports_completed). A bundle counts once.
+struct remote_import_counts {
+  std::uint64_t read_by_rma = 0;       // RMA gets this node issued
+  std::uint64_t sent_by_exporter = 0;  // with the exporter's grant, or in its pieces
+};
+
 // Why a publication ended (remote_node::when_ended): from then on its
 // holds are refused with NotFound.
 enum class publication_end {
@@ -378,8 +385,10 @@ class remote_node {
   // re-publishing registered memory adds none.
   std::size_t registrations() const;
   std::uint64_t registrations_made() const;
-  // Remote imports in flight.
+  // Remote imports in flight, and those completed (with their tensors) so
+  // far, by how their bytes came: which fetch `automatic` chose.
   std::size_t imports_in_flight() const;
+  remote_import_counts imports_completed() const;
   // Importers connected to this node's listener.
   std::size_t connections() const;
   // Where this node listens (descriptors name it): its address and port;
