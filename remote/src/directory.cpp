@@ -1,9 +1,11 @@
 // Names for publications, in Redis (dlasync/remote_directory.hpp), through
 // hiredis's blocking client: one connection a directory, one command at a
 // time under its lock, each bounded by io_timeout; a connection that broke
-// is made afresh by the next command. A name put while published is
-// withdrawn by a job on the directory's thread that the publication's end
-// queues, if the directory is still there.
+// is made afresh by the next command. A wait that finds nothing at first
+// subscribes to the name's channel on a connection of its own
+// (directory_watch.hpp), on which puts and withdrawals publish. A name put
+// while published is withdrawn by a job on the directory's thread that the
+// publication's end queues, if the directory is still there.
 #include "dlasync/remote_directory.hpp"
 
 #include <hiredis/hiredis.h>
@@ -23,6 +25,7 @@
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
+#include "remote/src/directory_watch.hpp"
 
 namespace dlasync {
 namespace {
@@ -144,6 +147,11 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
         absl::StrCat("remote_directory_options::io_timeout = ", options.io_timeout.count(),
                      " ms: it must be above 0"));
   }
+  if (options.recheck.count() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote_directory_options::recheck = ", options.recheck.count(),
+                     " ms: it must be above 0"));
+  }
   auto i = std::make_shared<impl>(std::move(options));
   {
     std::lock_guard lock(i->mutex);
@@ -166,6 +174,13 @@ const remote_directory_options& remote_directory::options() const noexcept {
 
 namespace {
 
+// Puts KEYS[1] = ARGV[1] for ARGV[2] ms unless it holds something, and says
+// so on the key's channel (directory_watch.hpp): OK, or nil when taken.
+constexpr std::string_view put_and_publish =
+    R"(local ok = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
+if ok then redis.call('PUBLISH', KEYS[1], 'put') end
+return ok)";
+
 absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const std::string& bytes,
                        std::chrono::milliseconds ttl) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
@@ -175,7 +190,7 @@ absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const s
   }
   const std::string key = d.key(name);
   const std::string ms = std::to_string(ttl.count());
-  absl::StatusOr<reply_ptr> r = d.command({"SET", key, bytes, "PX", ms, "NX"});
+  absl::StatusOr<reply_ptr> r = d.command({"EVAL", put_and_publish, "1", key, bytes, ms});
   if (!r.ok()) return r.status();
   if ((*r)->type == REDIS_REPLY_NIL) {
     return absl::AlreadyExistsError(absl::StrCat("the name \"", av(name),
@@ -239,29 +254,63 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
 
 namespace {
 
-// Calls `done` every 1 ms at first, every 50 ms at most, until it says true
-// or `wait` has passed: false then.
-bool poll(std::chrono::milliseconds wait, absl::FunctionRef<bool()> done) {
+// Calls `look` until it says true or `wait` has passed (false then): again
+// when `watch` sees the name change, after `recheck`, or when `next_due()`
+// has passed, whichever comes first; without a watch, every 1 ms at first
+// and every 50 ms at most (or at next_due()).
+bool look_until(remote_detail::directory_watch* watch, std::chrono::milliseconds wait,
+                std::chrono::milliseconds recheck,
+                absl::FunctionRef<std::chrono::milliseconds()> next_due,
+                absl::FunctionRef<bool()> look) {
+  using std::chrono::milliseconds;
   const auto until = std::chrono::steady_clock::now() + wait;
-  auto pause = std::chrono::milliseconds(1);
+  auto backoff = milliseconds(1);
   for (;;) {
-    if (done()) return true;
+    if (look()) return true;
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) return false;
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, until - now));
-    pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    // Rounded up: a pause of 0 would spin.
+    const auto left = std::chrono::ceil<milliseconds>(until - now);
+    milliseconds pause = std::min({watch != nullptr ? recheck : backoff, left, next_due()});
+    if (watch != nullptr) {
+      watch->changed(pause);
+    } else {
+      std::this_thread::sleep_for(pause);
+      backoff = std::min(backoff * 2, milliseconds(50));
+    }
   }
 }
+
+// A watch of `name`'s channel, or nullptr where the server refuses one
+// (waits then poll); Unavailable as the server's.
+absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch_of(
+    const remote_directory::impl& d, std::string_view name) {
+  auto w = remote_detail::directory_watch::open(d.options, d.key(name));
+  if (w.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return std::unique_ptr<remote_detail::directory_watch>();
+  }
+  return w;
+}
+
+constexpr std::chrono::milliseconds no_due = std::chrono::milliseconds::max();
 
 }  // namespace
 
 absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
                                                         std::chrono::milliseconds wait) {
-  absl::StatusOr<remote_entry> e = absl::NotFoundError("");
-  const bool ended = poll(wait, [&] {
-    e = find(name);
-    return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
-  });
+  // Most waits find the name there: no subscription for them.
+  absl::StatusOr<remote_entry> e = find(name);
+  if (e.ok() || e.status().code() != absl::StatusCode::kNotFound) return e;
+  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch = watch_of(*impl_, name);
+  if (!watch.ok()) return watch.status();
+  // Looked at again once watched: a put between the first look and the
+  // subscription is seen.
+  const bool ended = look_until(
+      watch->get(), wait, impl_->options.recheck, [] { return no_due; },
+      [&] {
+        e = find(name);
+        return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
+      });
   if (ended) return e;
   return absl::DeadlineExceededError(absl::StrCat(
       "nothing appeared under \"", av(name), "\" in the directory within ", wait.count(),
@@ -272,12 +321,25 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
                                               std::chrono::milliseconds wait) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
   const std::string key = impl_->key(name);
+  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch = watch_of(*impl_, name);
+  if (!watch.ok()) return watch.status();
   absl::Status failed;
-  const bool ended = poll(wait, [&] {
-    absl::StatusOr<reply_ptr> r = impl_->command({"EXISTS", key});
-    if (!r.ok()) failed = r.status();
-    return !r.ok() || ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0);
-  });
+  // When the ttl the server last reported runs out (its lease's end).
+  std::chrono::milliseconds due = no_due;
+  const bool ended = look_until(
+      watch->get(), wait, impl_->options.recheck, [&] { return due; },
+      [&] {
+        absl::StatusOr<reply_ptr> r = impl_->command({"PTTL", key});
+        if (!r.ok()) {
+          failed = r.status();
+          return true;
+        }
+        // -2: no such key; -1: no ttl (not put by a directory).
+        if ((*r)->type != REDIS_REPLY_INTEGER) return false;
+        if ((*r)->integer == -2) return true;
+        due = (*r)->integer >= 0 ? std::chrono::milliseconds((*r)->integer + 1) : no_due;
+        return false;
+      });
   if (!failed.ok()) return failed;
   if (ended) return absl::OkStatus();
   return absl::DeadlineExceededError(
@@ -286,12 +348,23 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
 
 namespace {
 
-// Deletes KEYS[1] only while it holds ARGV[1], in one step on the server:
-// 1 when deleted, 0 when it held nothing, -1 when it holds another value.
+// Deletes KEYS[1] only while it holds ARGV[1], in one step on the server,
+// and says so on its channel: 1 when deleted, 0 when it held nothing, -1
+// when it holds another value.
 constexpr std::string_view withdraw_if_holds = R"(local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-if v == ARGV[1] then redis.call('DEL', KEYS[1]) return 1 end
+if v == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', KEYS[1], 'withdrawn')
+  return 1
+end
 return -1)";
+
+// Deletes KEYS[1] and, when it held something, says so on its channel: the
+// keys deleted.
+constexpr std::string_view withdraw_and_publish = R"(local n = redis.call('DEL', KEYS[1])
+if n > 0 then redis.call('PUBLISH', KEYS[1], 'withdrawn') end
+return n)";
 
 absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,
                             const std::string& bytes) {
@@ -371,7 +444,8 @@ absl::Status remote_directory::withdraw(std::string_view name, const remote_bund
 
 absl::Status remote_directory::withdraw(std::string_view name) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
-  absl::StatusOr<reply_ptr> r = impl_->command({"DEL", impl_->key(name)});
+  absl::StatusOr<reply_ptr> r =
+      impl_->command({"EVAL", withdraw_and_publish, "1", impl_->key(name)});
   if (!r.ok()) return r.status();
   if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) return nothing_under(name);
   return absl::OkStatus();

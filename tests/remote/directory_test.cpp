@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <memory>
 #include <sstream>
@@ -201,6 +202,88 @@ TEST_CASE("a name is waited for, and goes with its lease", "[remote][directory]"
   REQUIRE(dir->wait_withdrawn("never", 10ms).ok());
   got = import_named(nodes.in(), *dir, "never", 50ms);
   REQUIRE(got.status().code() == absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its next look",
+          "[remote][directory]") {
+  redis_server server;
+  // Looks again only every 60 s unprompted: each wait below ends long
+  // before, so only the name's channel (put, withdrawal) or its ttl woke it.
+  remote_directory_options slow = server.options();
+  slow.recheck = 60s;
+  absl::StatusOr<std::unique_ptr<remote_directory>> watched = remote_directory::connect(slow);
+  REQUIRE(watched.ok());
+  remote_directory& dir = **watched;
+  remote_descriptor d;
+  d.lease_id = 7;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = 9;
+  d.type = dtypes::uint8;
+  d.shape = {4};
+  d.region_bytes = 4;
+  d.data = d.region_begin = 0x1000;
+  absl::Status done = absl::UnknownError("not run");
+  auto later = [&](const std::function<absl::Status(remote_directory&)>& step) {
+    return std::thread([&, step] {
+      std::this_thread::sleep_for(200ms);
+      absl::StatusOr<std::unique_ptr<remote_directory>> writer =
+          remote_directory::connect(server.options());
+      done = writer.ok() ? step(**writer) : writer.status();
+    });
+  };
+  auto start = std::chrono::steady_clock::now();
+  std::thread put = later([&](remote_directory& w) { return w.put("cue", d, 30s); });
+  absl::StatusOr<remote_entry> found = dir.wait_for("cue", 30s);
+  put.join();
+  REQUIRE(done.ok());
+  INFO(found.status().ToString());
+  REQUIRE(found.ok());
+  CHECK(std::get<remote_descriptor>(*found).encode() == d.encode());
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+
+  start = std::chrono::steady_clock::now();
+  std::thread withdraw = later([&](remote_directory& w) { return w.withdraw("cue"); });
+  absl::Status gone = dir.wait_withdrawn("cue", 30s);
+  withdraw.join();
+  REQUIRE(done.ok());
+  REQUIRE(gone.ok());
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+  // A withdrawal with the entry publishes too.
+  REQUIRE(dir.put("cue", d, 30s).ok());
+  start = std::chrono::steady_clock::now();
+  withdraw = later([&](remote_directory& w) { return w.withdraw("cue", d); });
+  gone = dir.wait_withdrawn("cue", 30s);
+  withdraw.join();
+  REQUIRE(done.ok());
+  REQUIRE(gone.ok());
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+
+  // A ttl's end publishes nothing: the wait wakes when the ttl the server
+  // reported runs out.
+  REQUIRE(dir.put("brief", d, 300ms).ok());
+  start = std::chrono::steady_clock::now();
+  REQUIRE(dir.wait_withdrawn("brief", 30s).ok());
+  CHECK(std::chrono::steady_clock::now() - start >= 250ms);
+  CHECK(std::chrono::steady_clock::now() - start < 20s);
+
+  // A writer that publishes nothing (a plain SET): seen at the next look.
+  remote_directory_options quick = server.options();
+  quick.recheck = 100ms;
+  absl::StatusOr<std::unique_ptr<remote_directory>> polling = remote_directory::connect(quick);
+  REQUIRE(polling.ok());
+  // (The waiter on a thread: Catch's assertions, in raw, stay on this one.)
+  std::thread waiter([&] { found = (*polling)->wait_for("plain", 30s); });
+  std::this_thread::sleep_for(200ms);
+  server.raw({"SET", "dlasync:plain", d.encode()});
+  waiter.join();
+  INFO(found.status().ToString());
+  REQUIRE(found.ok());
+
+  // The recheck must be above 0.
+  quick.recheck = 0ms;
+  absl::StatusOr<std::unique_ptr<remote_directory>> bad = remote_directory::connect(quick);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE_THAT(std::string(bad.status().message()), Catch::Contains("recheck"));
 }
 
 TEST_CASE("a name put while published goes when its publication ends, long before its ttl",

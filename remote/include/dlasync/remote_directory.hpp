@@ -59,6 +59,11 @@ struct remote_directory_options {
   std::string prefix = "dlasync:";
   // How long one command to Redis may take (connecting included).
   std::chrono::milliseconds io_timeout{2000};
+  // How often a wait looks again without a cue. A wait subscribes to the
+  // name's channel, on which every directory's put and withdrawal publish,
+  // so it wakes when the name changes; this bounds how late it sees a name
+  // that a writer who does not publish changed. Above 0.
+  std::chrono::milliseconds recheck{500};
 };
 
 // What a name holds: one tensor's descriptor, or a bundle.
@@ -72,8 +77,8 @@ class remote_directory {
   // The longest name.
   static constexpr std::size_t max_name_bytes = 512;
 
-  // Connects to the server. InvalidArgument for an empty address or an
-  // io_timeout not above 0; Unavailable when the server cannot be reached
+  // Connects to the server. InvalidArgument for an empty address, or an
+  // io_timeout or recheck not above 0; Unavailable when the server cannot be reached
   // (its address, and what failed, in the message).
   static absl::StatusOr<std::unique_ptr<remote_directory>> connect(
       remote_directory_options options = {});
@@ -97,12 +102,17 @@ class remote_directory {
   // InvalidArgument or OutOfRange as decode refuses the bytes.
   absl::StatusOr<remote_entry> find(std::string_view name);
 
-  // find, again and again (every 1 ms at first, every 50 ms at most) until
-  // the name holds an entry or `wait` has passed: DeadlineExceeded then.
+  // find, until the name holds an entry or `wait` has passed:
+  // DeadlineExceeded then. It looks again when a put or a withdrawal is
+  // published on the name's channel (a subscription on a connection of
+  // its own, made only when the first look finds nothing), and every
+  // options().recheck; where the server refuses the subscription, every
+  // 1 ms at first and every 50 ms at most.
   absl::StatusOr<remote_entry> wait_for(std::string_view name, std::chrono::milliseconds wait);
 
-  // Until `name` holds nothing (withdrawn, or its ttl ended), polled as
-  // wait_for polls: OK then, DeadlineExceeded after `wait`.
+  // Until `name` holds nothing: withdrawn (seen when it is published, as
+  // wait_for sees puts) or its ttl ended (seen when the ttl the server
+  // reports runs out). OK then, DeadlineExceeded after `wait`.
   absl::Status wait_withdrawn(std::string_view name, std::chrono::milliseconds wait);
 
   // put, and the name is withdrawn as soon as the publication it names

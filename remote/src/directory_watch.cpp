@@ -1,0 +1,92 @@
+#include "remote/src/directory_watch.hpp"
+
+#include <poll.h>
+#include <sys/time.h>
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace dlasync::remote_detail {
+namespace {
+
+timeval as_timeval(std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  return tv;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<directory_watch>> directory_watch::open(
+    const remote_directory_options& options, const std::string& channel) {
+  auto unavailable = [&](std::string_view what) {
+    return absl::UnavailableError(
+        absl::StrCat("the directory's Redis server at ", options.address, " port ", options.port,
+                     " cannot be watched: ", absl::string_view(what.data(), what.size())));
+  };
+  redisContext* c = redisConnectWithTimeout(options.address.c_str(), options.port,
+                                            as_timeval(options.io_timeout));
+  if (c == nullptr) return unavailable("out of memory");
+  std::unique_ptr<directory_watch> w(new directory_watch(c));
+  if (c->err != 0) return unavailable(c->errstr);
+  if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
+    return unavailable("its timeout cannot be set");
+  }
+  const char* argv[] = {"SUBSCRIBE", channel.data()};
+  const std::size_t lengths[] = {9, channel.size()};
+  auto* r = static_cast<redisReply*>(redisCommandArgv(c, 2, argv, lengths));
+  if (r == nullptr) return unavailable(c->errstr);
+  // The confirmation: ["subscribe", channel, 1].
+  const bool confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+                         r->element[0]->type == REDIS_REPLY_STRING &&
+                         absl::string_view(r->element[0]->str, r->element[0]->len) == "subscribe";
+  freeReplyObject(r);
+  if (!confirmed) {
+    return absl::FailedPreconditionError(
+        "the directory's Redis server did not confirm a subscription (pub/sub refused?)");
+  }
+  return w;
+}
+
+directory_watch::~directory_watch() {
+  redisFree(context_);
+}
+
+bool directory_watch::changed(std::chrono::milliseconds wait) {
+  if (broken_) {
+    std::this_thread::sleep_for(wait);
+    return false;
+  }
+  bool seen = false;
+  // Replies read already (several may come in one read) first, then the
+  // socket. The server's words are not looked at: any reply is a cue.
+  for (;;) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(context_->reader, &reply) != REDIS_OK) {
+      broken_ = true;
+      break;
+    }
+    if (reply == nullptr) break;
+    freeReplyObject(reply);
+    seen = true;
+  }
+  if (seen || broken_) return seen;
+  pollfd p{context_->fd, POLLIN, 0};
+  const int ready = ::poll(&p, 1, static_cast<int>(wait.count()));
+  if (ready <= 0) return false;
+  if (redisBufferRead(context_) != REDIS_OK) {
+    broken_ = true;  // closed or failed: the caller's next look tells
+    return true;
+  }
+  void* reply = nullptr;
+  while (redisReaderGetReply(context_->reader, &reply) == REDIS_OK && reply != nullptr) {
+    freeReplyObject(std::exchange(reply, nullptr));
+    seen = true;
+  }
+  return seen;
+}
+
+}  // namespace dlasync::remote_detail
