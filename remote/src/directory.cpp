@@ -175,10 +175,12 @@ const remote_directory_options& remote_directory::options() const noexcept {
 namespace {
 
 // Puts KEYS[1] = ARGV[1] for ARGV[2] ms unless it holds something, and says
-// so on the key's channel (directory_watch.hpp): OK, or nil when taken.
+// so on the key's channel (directory_watch.hpp): OK, or nil when taken. The
+// message is a courtesy: a server that refuses it (pcall) still keeps the
+// entry, and the put still succeeds.
 constexpr std::string_view put_and_publish =
     R"(local ok = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
-if ok then redis.call('PUBLISH', KEYS[1], 'put') end
+if ok then redis.pcall('PUBLISH', KEYS[1], 'put') end
 return ok)";
 
 absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const std::string& bytes,
@@ -281,15 +283,18 @@ bool look_until(remote_detail::directory_watch* watch, std::chrono::milliseconds
   }
 }
 
-// A watch of `name`'s channel, or nullptr where the server refuses one
-// (waits then poll); Unavailable as the server's.
-absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch_of(
-    const remote_directory::impl& d, std::string_view name) {
-  auto w = remote_detail::directory_watch::open(d.options, d.key(name));
-  if (w.status().code() == absl::StatusCode::kFailedPrecondition) {
-    return std::unique_ptr<remote_detail::directory_watch>();
-  }
-  return w;
+// A watch of `name`'s channel, opened within `wait` (and io_timeout); nullptr
+// where none can be had (pub/sub refused, no connection to spare, too
+// slow): the wait then polls.
+std::unique_ptr<remote_detail::directory_watch> watch_of(const remote_directory::impl& d,
+                                                         std::string_view name,
+                                                         std::chrono::milliseconds wait) {
+  if (wait.count() <= 0) return nullptr;
+  remote_directory_options o = d.options;
+  o.io_timeout = std::min(o.io_timeout, wait);
+  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> w =
+      remote_detail::directory_watch::open(o, d.key(name));
+  return w.ok() ? *std::move(w) : nullptr;
 }
 
 constexpr std::chrono::milliseconds no_due = std::chrono::milliseconds::max();
@@ -301,12 +306,15 @@ absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
   // Most waits find the name there: no subscription for them.
   absl::StatusOr<remote_entry> e = find(name);
   if (e.ok() || e.status().code() != absl::StatusCode::kNotFound) return e;
-  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch = watch_of(*impl_, name);
-  if (!watch.ok()) return watch.status();
+  const auto began = std::chrono::steady_clock::now();
+  std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
+  const auto left =
+      wait - std::chrono::ceil<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
   // Looked at again once watched: a put between the first look and the
   // subscription is seen.
   const bool ended = look_until(
-      watch->get(), wait, impl_->options.recheck, [] { return no_due; },
+      watch.get(), std::max(left, std::chrono::milliseconds(0)), impl_->options.recheck,
+      [] { return no_due; },
       [&] {
         e = find(name);
         return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
@@ -321,25 +329,35 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
                                               std::chrono::milliseconds wait) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
   const std::string key = impl_->key(name);
-  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch = watch_of(*impl_, name);
-  if (!watch.ok()) return watch.status();
   absl::Status failed;
   // When the ttl the server last reported runs out (its lease's end).
   std::chrono::milliseconds due = no_due;
-  const bool ended = look_until(
-      watch->get(), wait, impl_->options.recheck, [&] { return due; },
-      [&] {
-        absl::StatusOr<reply_ptr> r = impl_->command({"PTTL", key});
-        if (!r.ok()) {
-          failed = r.status();
-          return true;
-        }
-        // -2: no such key; -1: no ttl (not put by a directory).
-        if ((*r)->type != REDIS_REPLY_INTEGER) return false;
-        if ((*r)->integer == -2) return true;
-        due = (*r)->integer >= 0 ? std::chrono::milliseconds((*r)->integer + 1) : no_due;
-        return false;
-      });
+  auto gone = [&] {
+    absl::StatusOr<reply_ptr> r = impl_->command({"PTTL", key});
+    if (!r.ok()) {
+      failed = r.status();
+      return true;
+    }
+    // -2: no such key; -1: no ttl (not put by a directory).
+    if ((*r)->type != REDIS_REPLY_INTEGER) return false;
+    if ((*r)->integer == -2) return true;
+    // At most a day: a hostile reply cannot overflow the pause.
+    constexpr long long day_ms = 86400000;
+    due = (*r)->integer >= 0 ? std::chrono::milliseconds(std::min((*r)->integer, day_ms) + 1)
+                             : no_due;
+    return false;
+  };
+  // Watched only when the first look finds the name still there.
+  const auto began = std::chrono::steady_clock::now();
+  bool ended = gone();
+  if (!ended) {
+    std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
+    const auto left = wait - std::chrono::ceil<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - began);
+    ended = look_until(
+        watch.get(), std::max(left, std::chrono::milliseconds(0)), impl_->options.recheck,
+        [&] { return due; }, gone);
+  }
   if (!failed.ok()) return failed;
   if (ended) return absl::OkStatus();
   return absl::DeadlineExceededError(
@@ -355,7 +373,7 @@ constexpr std::string_view withdraw_if_holds = R"(local v = redis.call('GET', KE
 if not v then return 0 end
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[1], 'withdrawn')
+  redis.pcall('PUBLISH', KEYS[1], 'withdrawn')
   return 1
 end
 return -1)";
@@ -363,7 +381,7 @@ return -1)";
 // Deletes KEYS[1] and, when it held something, says so on its channel: the
 // keys deleted.
 constexpr std::string_view withdraw_and_publish = R"(local n = redis.call('DEL', KEYS[1])
-if n > 0 then redis.call('PUBLISH', KEYS[1], 'withdrawn') end
+if n > 0 then redis.pcall('PUBLISH', KEYS[1], 'withdrawn') end
 return n)";
 
 absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,

@@ -3,8 +3,8 @@
 #include <poll.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <thread>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -75,18 +75,24 @@ bool directory_watch::changed(std::chrono::milliseconds wait) {
   }
   if (seen || broken_) return seen;
   pollfd p{context_->fd, POLLIN, 0};
-  const int ready = ::poll(&p, 1, static_cast<int>(wait.count()));
+  // At most a day a call: the count fits poll's int.
+  const auto ms = std::min<std::chrono::milliseconds::rep>(wait.count(), 86400000);
+  const int ready = ::poll(&p, 1, static_cast<int>(std::max<decltype(ms)>(ms, 0)));
   if (ready <= 0) return false;
   if (redisBufferRead(context_) != REDIS_OK) {
     broken_ = true;  // closed or failed: the caller's next look tells
     return true;
   }
-  void* reply = nullptr;
-  while (redisReaderGetReply(context_->reader, &reply) == REDIS_OK && reply != nullptr) {
-    freeReplyObject(std::exchange(reply, nullptr));
+  for (;;) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(context_->reader, &reply) != REDIS_OK) {
+      broken_ = true;  // bytes that are no reply: listened to no more
+      return true;
+    }
+    if (reply == nullptr) return seen;
+    freeReplyObject(reply);
     seen = true;
   }
-  return seen;
 }
 
 }  // namespace dlasync::remote_detail

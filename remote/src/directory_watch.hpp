@@ -21,7 +21,8 @@ namespace dlasync::remote_detail {
 
 class directory_watch {
  public:
-  // Subscribes to `channel`. Unavailable when the server cannot be reached;
+  // Subscribes to `channel`, each step bounded by options.io_timeout.
+  // Unavailable when the server cannot be reached;
   // FailedPrecondition when it refuses the subscription (a server that
   // allows no pub/sub): the caller then polls.
   static absl::StatusOr<std::unique_ptr<directory_watch>> open(

@@ -11,7 +11,9 @@ bool memory_budget::take(std::uint64_t bytes) noexcept {
     in_use_.fetch_add(bytes, std::memory_order_seq_cst);
     return true;
   }
-  std::uint64_t used = in_use_.load(std::memory_order_relaxed);
+  // Sequentially consistent: after a waiter's store of waiting_ this read
+  // must see a release that missed the waiter (memory_budget.hpp).
+  std::uint64_t used = in_use_.load(std::memory_order_seq_cst);
   do {
     if (limit_ - used < bytes) return false;
   } while (!in_use_.compare_exchange_weak(used, used + bytes, std::memory_order_seq_cst,

@@ -223,35 +223,54 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
   d.region_bytes = 4;
   d.data = d.region_begin = 0x1000;
   absl::Status done = absl::UnknownError("not run");
-  auto later = [&](const std::function<absl::Status(remote_directory&)>& step) {
-    return std::thread([&, step] {
+  // Subscribers to the name's channel while the wait runs: 1 shows the wait
+  // is subscribed, rather than polling (checked after the join, as Catch's
+  // assertions stay on this thread).
+  long long subscribers = -1;
+  auto later = [&](const std::string& name,
+                   const std::function<absl::Status(remote_directory&)>& step) {
+    return std::thread([&, name, step] {
       std::this_thread::sleep_for(200ms);
+      if (redisContext* c = redisConnect("127.0.0.1", server.port()); c != nullptr) {
+        const std::string channel = "dlasync:" + name;
+        auto* r = static_cast<redisReply*>(
+            redisCommand(c, "PUBSUB NUMSUB %b", channel.data(), channel.size()));
+        if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+            r->element[1]->type == REDIS_REPLY_INTEGER) {
+          subscribers = r->element[1]->integer;
+        }
+        if (r != nullptr) freeReplyObject(r);
+        redisFree(c);
+      }
       absl::StatusOr<std::unique_ptr<remote_directory>> writer =
           remote_directory::connect(server.options());
       done = writer.ok() ? step(**writer) : writer.status();
     });
   };
   auto start = std::chrono::steady_clock::now();
-  std::thread put = later([&](remote_directory& w) { return w.put("cue", d, 30s); });
+  std::thread put = later("cue", [&](remote_directory& w) { return w.put("cue", d, 30s); });
   absl::StatusOr<remote_entry> found = dir.wait_for("cue", 30s);
   put.join();
   REQUIRE(done.ok());
+  CHECK(subscribers == 1);
   INFO(found.status().ToString());
   REQUIRE(found.ok());
   CHECK(std::get<remote_descriptor>(*found).encode() == d.encode());
   CHECK(std::chrono::steady_clock::now() - start < 20s);
 
   start = std::chrono::steady_clock::now();
-  std::thread withdraw = later([&](remote_directory& w) { return w.withdraw("cue"); });
+  subscribers = -1;
+  std::thread withdraw = later("cue", [&](remote_directory& w) { return w.withdraw("cue"); });
   absl::Status gone = dir.wait_withdrawn("cue", 30s);
   withdraw.join();
   REQUIRE(done.ok());
+  CHECK(subscribers == 1);
   REQUIRE(gone.ok());
   CHECK(std::chrono::steady_clock::now() - start < 20s);
   // A withdrawal with the entry publishes too.
   REQUIRE(dir.put("cue", d, 30s).ok());
   start = std::chrono::steady_clock::now();
-  withdraw = later([&](remote_directory& w) { return w.withdraw("cue", d); });
+  withdraw = later("cue", [&](remote_directory& w) { return w.withdraw("cue", d); });
   gone = dir.wait_withdrawn("cue", 30s);
   withdraw.join();
   REQUIRE(done.ok());
@@ -260,10 +279,10 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
 
   // A ttl's end publishes nothing: the wait wakes when the ttl the server
   // reported runs out.
-  REQUIRE(dir.put("brief", d, 300ms).ok());
   start = std::chrono::steady_clock::now();
+  REQUIRE(dir.put("brief", d, 300ms).ok());
   REQUIRE(dir.wait_withdrawn("brief", 30s).ok());
-  CHECK(std::chrono::steady_clock::now() - start >= 250ms);
+  CHECK(std::chrono::steady_clock::now() - start >= 290ms);
   CHECK(std::chrono::steady_clock::now() - start < 20s);
 
   // A writer that publishes nothing (a plain SET): seen at the next look.
@@ -273,6 +292,12 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
   REQUIRE(polling.ok());
   // (The waiter on a thread: Catch's assertions, in raw, stay on this one.)
   std::thread waiter([&] { found = (*polling)->wait_for("plain", 30s); });
+  struct joined {
+    std::thread& t;
+    ~joined() {
+      if (t.joinable()) t.join();  // also when an assertion below throws
+    }
+  } join_waiter{waiter};
   std::this_thread::sleep_for(200ms);
   server.raw({"SET", "dlasync:plain", d.encode()});
   waiter.join();

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -105,12 +106,13 @@ TEST_CASE("grants and releases from many threads lose no waiter", "[runtime][bud
           budget.release(bytes);
           continue;
         }
-        std::atomic<bool> done{false};
-        budget.acquire(bytes, [&](const absl::Status& s) {
-          if (s.ok()) done.store(true, std::memory_order_release);
+        // Shared: a grant after this thread gave up must find it alive.
+        auto done = std::make_shared<std::atomic<bool>>(false);
+        budget.acquire(bytes, [done](const absl::Status& s) {
+          if (s.ok()) done->store(true, std::memory_order_release);
         });
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        while (!done.load(std::memory_order_acquire)) {
+        while (!done->load(std::memory_order_acquire)) {
           if (std::chrono::steady_clock::now() > until) {
             stuck.fetch_add(1);
             return;

@@ -15,8 +15,8 @@
 //
 // Thread safety: all members are safe to call from any thread. Callbacks run
 // on the thread that calls acquire, release or cancel, never under the
-// budget's lock. A grant while nobody waits (try_acquire, and the release of
-// bytes nobody waits for) takes no lock: one atomic instruction.
+// budget's lock. try_acquire, and a release while nobody waits, take no lock:
+// an atomic read and a compare-and-swap, or one atomic subtraction.
 #pragma once
 
 #include <atomic>
