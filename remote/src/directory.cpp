@@ -256,16 +256,15 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
 
 namespace {
 
-// Calls `look` until it says true or `wait` has passed (false then): again
+// Calls `look` until it says true or `until` has passed (false then): again
 // when `watch` sees the name change, after `recheck`, or when `next_due()`
 // has passed, whichever comes first; without a watch, every 1 ms at first
 // and every 50 ms at most (or at next_due()).
-bool look_until(remote_detail::directory_watch* watch, std::chrono::milliseconds wait,
+bool look_until(remote_detail::directory_watch* watch, std::chrono::steady_clock::time_point until,
                 std::chrono::milliseconds recheck,
                 absl::FunctionRef<std::chrono::milliseconds()> next_due,
                 absl::FunctionRef<bool()> look) {
   using std::chrono::milliseconds;
-  const auto until = std::chrono::steady_clock::now() + wait;
   auto backoff = milliseconds(1);
   for (;;) {
     if (look()) return true;
@@ -304,17 +303,15 @@ constexpr std::chrono::milliseconds no_due = std::chrono::milliseconds::max();
 absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
                                                         std::chrono::milliseconds wait) {
   // Most waits find the name there: no subscription for them.
+  // The wait's end, from the call: DeadlineExceeded never comes sooner.
+  const auto until = std::chrono::steady_clock::now() + wait;
   absl::StatusOr<remote_entry> e = find(name);
   if (e.ok() || e.status().code() != absl::StatusCode::kNotFound) return e;
-  const auto began = std::chrono::steady_clock::now();
   std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
-  const auto left =
-      wait - std::chrono::ceil<std::chrono::milliseconds>(std::chrono::steady_clock::now() - began);
   // Looked at again once watched: a put between the first look and the
   // subscription is seen.
   const bool ended = look_until(
-      watch.get(), std::max(left, std::chrono::milliseconds(0)), impl_->options.recheck,
-      [] { return no_due; },
+      watch.get(), until, impl_->options.recheck, [] { return no_due; },
       [&] {
         e = find(name);
         return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
@@ -348,15 +345,12 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
     return false;
   };
   // Watched only when the first look finds the name still there.
-  const auto began = std::chrono::steady_clock::now();
+  const auto until = std::chrono::steady_clock::now() + wait;
   bool ended = gone();
   if (!ended) {
     std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
-    const auto left = wait - std::chrono::ceil<std::chrono::milliseconds>(
-                                 std::chrono::steady_clock::now() - began);
     ended = look_until(
-        watch.get(), std::max(left, std::chrono::milliseconds(0)), impl_->options.recheck,
-        [&] { return due; }, gone);
+        watch.get(), until, impl_->options.recheck, [&] { return due; }, gone);
   }
   if (!failed.ok()) return failed;
   if (ended) return absl::OkStatus();

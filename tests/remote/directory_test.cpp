@@ -154,6 +154,9 @@ TEST_CASE("a publication found by its name is imported, and a name is taken once
     check_bytes((*got)[i], members[i].layout, members[i].shape, dtypes::float32,
                 11 + static_cast<unsigned>(i));
   }
+  // Released by the exporter once the importer let its hold go: the
+  // deleters run before their count goes with the test.
+  REQUIRE(testing::eventually([&] { return batch->count.calls.load() == 2; }));
   // Withdrawn: gone, and a second withdrawal finds nothing.
   REQUIRE(dir->withdraw("batch").ok());
   REQUIRE(dir->find("batch").status().code() == absl::StatusCode::kNotFound);
