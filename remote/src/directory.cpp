@@ -9,7 +9,6 @@
 #include "dlasync/remote_directory.hpp"
 
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
 
 #include <algorithm>
 #include <mutex>
@@ -38,13 +37,6 @@ using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
 // absl's own string_view (Debian's abseil does not use std::string_view).
 absl::string_view av(std::string_view s) {
   return {s.data(), s.size()};
-}
-
-timeval as_timeval(std::chrono::milliseconds t) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
-  return tv;
 }
 
 absl::Status check_name(std::string_view name) {
@@ -95,7 +87,7 @@ class remote_directory::impl {
     auto* r = static_cast<redisReply*>(
         redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
     if (r == nullptr) {
-      absl::Status lost = unavailable(context->errstr);
+      absl::Status lost = remote_detail::unreachable(options, context->errstr);
       redisFree(std::exchange(context, nullptr));  // the next command reconnects
       return lost;
     }
@@ -104,28 +96,11 @@ class remote_directory::impl {
 
   std::string key(std::string_view name) const { return absl::StrCat(options.prefix, av(name)); }
 
-  absl::Status unavailable(std::string_view what) const {
-    return absl::UnavailableError(absl::StrCat("the directory's Redis server at ", options.address,
-                                               " port ", options.port,
-                                               " cannot be reached: ", av(what)));
-  }
-
   absl::Status connect_locked() {
     if (context != nullptr) return absl::OkStatus();
-    redisContext* c = redisConnectWithTimeout(options.address.c_str(), options.port,
-                                              as_timeval(options.io_timeout));
-    if (c == nullptr) return unavailable("out of memory");
-    if (c->err != 0) {
-      absl::Status s = unavailable(c->errstr);
-      redisFree(c);
-      return s;
-    }
-    if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
-      absl::Status s = unavailable("its timeout cannot be set");
-      redisFree(c);
-      return s;
-    }
-    context = c;
+    absl::StatusOr<redisContext*> c = remote_detail::connect_redis(options);
+    if (!c.ok()) return c.status();
+    context = *c;
     return absl::OkStatus();
   }
 
@@ -256,32 +231,6 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
 
 namespace {
 
-// Calls `look` until it says true or `until` has passed (false then): again
-// when `watch` sees the name change, after `recheck`, or when `next_due()`
-// has passed, whichever comes first; without a watch, every 1 ms at first
-// and every 50 ms at most (or at next_due()).
-bool look_until(remote_detail::directory_watch* watch, std::chrono::steady_clock::time_point until,
-                std::chrono::milliseconds recheck,
-                absl::FunctionRef<std::chrono::milliseconds()> next_due,
-                absl::FunctionRef<bool()> look) {
-  using std::chrono::milliseconds;
-  auto backoff = milliseconds(1);
-  for (;;) {
-    if (look()) return true;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= until) return false;
-    // Rounded up: a pause of 0 would spin.
-    const auto left = std::chrono::ceil<milliseconds>(until - now);
-    milliseconds pause = std::min({watch != nullptr ? recheck : backoff, left, next_due()});
-    if (watch != nullptr) {
-      watch->changed(pause);
-    } else {
-      std::this_thread::sleep_for(pause);
-      backoff = std::min(backoff * 2, milliseconds(50));
-    }
-  }
-}
-
 // A watch of `name`'s channel, opened within `wait` (and io_timeout); nullptr
 // where none can be had (pub/sub refused, no connection to spare, too
 // slow): the wait then polls.
@@ -296,22 +245,55 @@ std::unique_ptr<remote_detail::directory_watch> watch_of(const remote_directory:
   return w.ok() ? *std::move(w) : nullptr;
 }
 
+// Calls `look` until it says true or `until` has passed (false then). Only
+// once the first look says false does it watch `name` (watch_of, within the
+// time left), and looks at once again, so a change between the first look
+// and the subscription is seen. Then again when the watch sees the name
+// change, after the directory's recheck, or when `next_due()` has passed,
+// whichever comes first; without a watch, every 1 ms at first and every
+// 50 ms at most (or at next_due()).
+bool look_until(const remote_directory::impl& d, std::string_view name,
+                std::chrono::steady_clock::time_point until,
+                absl::FunctionRef<std::chrono::milliseconds()> next_due,
+                absl::FunctionRef<bool()> look) {
+  using std::chrono::milliseconds;
+  std::unique_ptr<remote_detail::directory_watch> watch;
+  bool watched = false;
+  auto backoff = milliseconds(1);
+  for (;;) {
+    if (look()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return false;
+    // Rounded up: a pause of 0 would spin.
+    const auto left = std::chrono::ceil<milliseconds>(until - now);
+    if (!watched) {
+      watch = watch_of(d, name, left);
+      watched = true;
+      continue;
+    }
+    const milliseconds pause =
+        std::min({watch != nullptr ? d.options.recheck : backoff, left, next_due()});
+    if (watch != nullptr) {
+      watch->changed(pause);
+    } else {
+      std::this_thread::sleep_for(pause);
+      backoff = std::min(backoff * 2, milliseconds(50));
+    }
+  }
+}
+
 constexpr std::chrono::milliseconds no_due = std::chrono::milliseconds::max();
 
 }  // namespace
 
 absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
                                                         std::chrono::milliseconds wait) {
-  // Most waits find the name there: no subscription for them.
   // The wait's end, from the call: DeadlineExceeded never comes sooner.
+  // Most waits find the name at the first look: no subscription for them.
   const auto until = std::chrono::steady_clock::now() + wait;
-  absl::StatusOr<remote_entry> e = find(name);
-  if (e.ok() || e.status().code() != absl::StatusCode::kNotFound) return e;
-  std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
-  // Looked at again once watched: a put between the first look and the
-  // subscription is seen.
+  absl::StatusOr<remote_entry> e = absl::NotFoundError("");
   const bool ended = look_until(
-      watch.get(), until, impl_->options.recheck, [] { return no_due; },
+      *impl_, name, until, [] { return no_due; },
       [&] {
         e = find(name);
         return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
@@ -344,14 +326,8 @@ absl::Status remote_directory::wait_withdrawn(std::string_view name,
                              : no_due;
     return false;
   };
-  // Watched only when the first look finds the name still there.
-  const auto until = std::chrono::steady_clock::now() + wait;
-  bool ended = gone();
-  if (!ended) {
-    std::unique_ptr<remote_detail::directory_watch> watch = watch_of(*impl_, name, wait);
-    ended = look_until(
-        watch.get(), until, impl_->options.recheck, [&] { return due; }, gone);
-  }
+  const bool ended = look_until(
+      *impl_, name, std::chrono::steady_clock::now() + wait, [&] { return due; }, gone);
   if (!failed.ok()) return failed;
   if (ended) return absl::OkStatus();
   return absl::DeadlineExceededError(

@@ -20,25 +20,37 @@ timeval as_timeval(std::chrono::milliseconds t) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<directory_watch>> directory_watch::open(
-    const remote_directory_options& options, const std::string& channel) {
-  auto unavailable = [&](std::string_view what) {
-    return absl::UnavailableError(
-        absl::StrCat("the directory's Redis server at ", options.address, " port ", options.port,
-                     " cannot be watched: ", absl::string_view(what.data(), what.size())));
-  };
+absl::Status unreachable(const remote_directory_options& options, std::string_view what) {
+  return absl::UnavailableError(
+      absl::StrCat("the directory's Redis server at ", options.address, " port ", options.port,
+                   " cannot be reached: ", absl::string_view(what.data(), what.size())));
+}
+
+absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& options) {
   redisContext* c = redisConnectWithTimeout(options.address.c_str(), options.port,
                                             as_timeval(options.io_timeout));
-  if (c == nullptr) return unavailable("out of memory");
-  std::unique_ptr<directory_watch> w(new directory_watch(c));
-  if (c->err != 0) return unavailable(c->errstr);
-  if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
-    return unavailable("its timeout cannot be set");
+  if (c == nullptr) return unreachable(options, "out of memory");
+  if (c->err != 0) {
+    absl::Status s = unreachable(options, c->errstr);
+    redisFree(c);
+    return s;
   }
+  if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
+    redisFree(c);
+    return unreachable(options, "its timeout cannot be set");
+  }
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<directory_watch>> directory_watch::open(
+    const remote_directory_options& options, const std::string& channel) {
+  absl::StatusOr<redisContext*> c = connect_redis(options);
+  if (!c.ok()) return c.status();
+  std::unique_ptr<directory_watch> w(new directory_watch(*c));
   const char* argv[] = {"SUBSCRIBE", channel.data()};
   const std::size_t lengths[] = {9, channel.size()};
-  auto* r = static_cast<redisReply*>(redisCommandArgv(c, 2, argv, lengths));
-  if (r == nullptr) return unavailable(c->errstr);
+  auto* r = static_cast<redisReply*>(redisCommandArgv(*c, 2, argv, lengths));
+  if (r == nullptr) return unreachable(options, (*c)->errstr);
   // The confirmation: ["subscribe", channel, 1].
   const bool confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
                          r->element[0]->type == REDIS_REPLY_STRING &&
@@ -55,34 +67,8 @@ directory_watch::~directory_watch() {
   redisFree(context_);
 }
 
-bool directory_watch::changed(std::chrono::milliseconds wait) {
-  if (broken_) {
-    std::this_thread::sleep_for(wait);
-    return false;
-  }
+bool directory_watch::drain() {
   bool seen = false;
-  // Replies read already (several may come in one read) first, then the
-  // socket. The server's words are not looked at: any reply is a cue.
-  for (;;) {
-    void* reply = nullptr;
-    if (redisReaderGetReply(context_->reader, &reply) != REDIS_OK) {
-      broken_ = true;
-      break;
-    }
-    if (reply == nullptr) break;
-    freeReplyObject(reply);
-    seen = true;
-  }
-  if (seen || broken_) return seen;
-  pollfd p{context_->fd, POLLIN, 0};
-  // At most a day a call: the count fits poll's int.
-  const auto ms = std::min<std::chrono::milliseconds::rep>(wait.count(), 86400000);
-  const int ready = ::poll(&p, 1, static_cast<int>(std::max<decltype(ms)>(ms, 0)));
-  if (ready <= 0) return false;
-  if (redisBufferRead(context_) != REDIS_OK) {
-    broken_ = true;  // closed or failed: the caller's next look tells
-    return true;
-  }
   for (;;) {
     void* reply = nullptr;
     if (redisReaderGetReply(context_->reader, &reply) != REDIS_OK) {
@@ -90,9 +76,26 @@ bool directory_watch::changed(std::chrono::milliseconds wait) {
       return true;
     }
     if (reply == nullptr) return seen;
-    freeReplyObject(reply);
+    freeReplyObject(reply);  // the server's words are not looked at: a cue
     seen = true;
   }
+}
+
+void directory_watch::changed(std::chrono::milliseconds wait) {
+  if (broken_) {
+    std::this_thread::sleep_for(wait);
+    return;
+  }
+  if (drain()) return;
+  pollfd p{context_->fd, POLLIN, 0};
+  // At most a day a call: the count fits poll's int.
+  const auto ms = std::min<std::chrono::milliseconds::rep>(wait.count(), 86400000);
+  if (::poll(&p, 1, static_cast<int>(std::max<decltype(ms)>(ms, 0))) <= 0) return;
+  if (redisBufferRead(context_) != REDIS_OK) {
+    broken_ = true;  // closed or failed: the caller's next look tells
+    return;
+  }
+  (void)drain();
 }
 
 }  // namespace dlasync::remote_detail

@@ -3,7 +3,8 @@
 // connection takes no other commands). Writers publish on the channel of a
 // name's key when they put or withdraw it (directory.cpp), so a wait wakes
 // when the name changes rather than at its next poll. What arrives is only
-// a cue to look again: its contents are never read as an entry.
+// a cue to look again: its contents are never read as an entry. The
+// directory's own connection is made the same way (connect_redis).
 //
 // Thread safety: none; one waiting thread owns it.
 #pragma once
@@ -13,11 +14,20 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "dlasync/remote_directory.hpp"
 
 namespace dlasync::remote_detail {
+
+// Unavailable, naming the directory's server and `what` failed.
+absl::Status unreachable(const remote_directory_options& options, std::string_view what);
+
+// A blocking connection to the directory's server, connecting and every
+// command bounded by options.io_timeout; unreachable's status when it cannot
+// be made. The caller frees it (redisFree).
+absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& options);
 
 class directory_watch {
  public:
@@ -32,14 +42,16 @@ class directory_watch {
   directory_watch& operator=(const directory_watch&) = delete;
   ~directory_watch();
 
-  // Waits at most `wait` for a message on the channel: true when one (or
-  // more) came, false when the wait passed, or the connection broke (the
-  // caller looks again either way; a broken watch stays broken and returns
-  // at once after that wait).
-  bool changed(std::chrono::milliseconds wait);
+  // Returns when a message came on the channel, `wait` has passed, or the
+  // connection broke: the caller looks again in every case. A broken watch
+  // stays broken, and sleeps out each wait.
+  void changed(std::chrono::milliseconds wait);
 
  private:
   explicit directory_watch(redisContext* c) noexcept : context_(c) {}
+  // Frees the replies read already (several may come in one read): true
+  // when there were any, or when the bytes are no reply (broken then).
+  bool drain();
   redisContext* context_;
   bool broken_ = false;
 };
