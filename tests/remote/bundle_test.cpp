@@ -39,17 +39,9 @@ TEST_CASE("a bundle crosses from another process with one hold, every member int
   auto in = make_importer(transports);
   // Every layout, a 0-d and a size-0 member, and members large enough to go
   // by rendezvous, side by side.
-  std::vector<member_spec> members;
-  for (const std::string& layout : testing::layouts()) {
-    members.push_back({layout, layout == "wide_rows" ? std::vector<std::int64_t>{4, 8192}
-                                                     : std::vector<std::int64_t>{6, 5, 3}});
-  }
-  members.push_back({"contiguous", {}});
-  members.push_back({"contiguous", {4, 0, 3}});
-  members.push_back({"contiguous", {512, 1024}});
+  std::vector<member_spec> members = every_layout_members();
   members.push_back({"transposed", {256, 512}});
-  const remote_bundle b = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +
-                                                " " + members_arg(members) + " 1 20000 40"));
+  const remote_bundle b = publish_on_peer(*peer, members, 40);
   REQUIRE(b.members.size() == members.size());
   REQUIRE(b.published == members.size());
   REQUIRE(remote_bundle::decode(b.encode())->encode() == b.encode());
@@ -63,8 +55,7 @@ TEST_CASE("a bundle crosses from another process with one hold, every member int
 
   // Many small members: one hold, every piece in flight together.
   std::vector<member_spec> small(256, member_spec{"contiguous", {32, 32}});
-  const remote_bundle many = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +
-                                                   " " + members_arg(small) + " 1 20000 7"));
+  const remote_bundle many = publish_on_peer(*peer, small, 7);
   got = import_bundle_now(*in->node, many);
   REQUIRE(got.ok());
   REQUIRE(got->size() == small.size());
@@ -84,8 +75,7 @@ TEST_CASE("a bundle's members can be taken in part, by several importers under o
                                             {"every_other_row", {16, 4}},
                                             {"negative", {5, 7}},
                                             {"transposed", {9, 3}}};
-  const remote_bundle b = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +
-                                                " " + members_arg(members) + " 2 20000 3"));
+  const remote_bundle b = publish_on_peer(*peer, members, 3, 2);
   // One member's descriptor alone does not name a bundle's lease.
   require_refused(import_now(*in->node, b.members[0].descriptor),
                   absl::StatusCode::kInvalidArgument, "lease", "is a bundle of 4 tensors");

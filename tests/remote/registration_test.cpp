@@ -103,16 +103,8 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   auto in = trusted_importer(transports, fetch, 1);
   // Every layout, a 0-d and a size-0 member, and large members, each read
   // under the key of its own registration (the peer lays them out apart).
-  std::vector<member_spec> members;
-  for (const std::string& layout : testing::layouts()) {
-    members.push_back({layout, layout == "wide_rows" ? std::vector<std::int64_t>{4, 8192}
-                                                     : std::vector<std::int64_t>{6, 5, 3}});
-  }
-  members.push_back({"contiguous", {}});
-  members.push_back({"contiguous", {4, 0, 3}});
-  members.push_back({"contiguous", {512, 1024}});
-  const remote_bundle b = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +
-                                                " " + members_arg(members) + " 1 20000 60"));
+  const std::vector<member_spec> members = every_layout_members();
+  const remote_bundle b = publish_on_peer(*peer, members, 60);
   for (std::size_t i = 0; i < b.members.size(); ++i) {
     INFO("member " << i);
     // Size 0 has no region, and no key.
@@ -128,8 +120,7 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   require_released(*peer, n, *in, got);
   // Imports of the same exporter again (its keys unpacked afresh or from
   // the connection's cache): a subset of a second bundle.
-  const remote_bundle again = bundle_from(peer->ask("publish_bundle " + dtype_arg(dtypes::float32) +
-                                                    " " + members_arg(members) + " 1 20000 9"));
+  const remote_bundle again = publish_on_peer(*peer, members, 9);
   absl::StatusOr<remote_bundle> part = again.select({0, 2, members.size() - 1});
   REQUIRE(part.ok());
   got = import_bundle_now(*in->node, *remote_bundle::decode(part->encode()));

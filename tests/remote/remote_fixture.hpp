@@ -230,6 +230,20 @@ struct member_spec {
   std::vector<std::int64_t> shape;
 };
 
+// Every layout the tests know (wide rows large enough to go by rendezvous),
+// a 0-d and a size-0 member, and a 2 MiB one.
+inline std::vector<member_spec> every_layout_members() {
+  std::vector<member_spec> members;
+  for (const std::string& layout : testing::layouts()) {
+    members.push_back({layout, layout == "wide_rows" ? std::vector<std::int64_t>{4, 8192}
+                                                     : std::vector<std::int64_t>{6, 5, 3}});
+  }
+  members.push_back({"contiguous", {}});
+  members.push_back({"contiguous", {4, 0, 3}});
+  members.push_back({"contiguous", {512, 1024}});
+  return members;
+}
+
 inline std::string members_arg(const std::vector<member_spec>& members) {
   std::string out;
   for (const member_spec& m : members) {
@@ -245,6 +259,15 @@ inline remote_bundle bundle_from(const std::optional<std::string>& line) {
   absl::StatusOr<remote_bundle> b = remote_bundle::decode(testing::from_hex(line->substr(7)));
   REQUIRE(b.ok());
   return *b;
+}
+
+// remote_peer's publish_bundle: float32 members laid out as `members`
+// (member i with seed `seed + i`), for `importers`, under a 20 s lease.
+inline remote_bundle publish_on_peer(peer_process& peer, const std::vector<member_spec>& members,
+                                     unsigned seed, int importers = 1) {
+  return bundle_from(peer.ask("publish_bundle " + dtype_arg(dtypes::float32) + " " +
+                              members_arg(members) + " " + std::to_string(importers) + " 20000 " +
+                              std::to_string(seed)));
 }
 
 inline absl::StatusOr<std::vector<tensor>> import_bundle_now(remote_node& node,
