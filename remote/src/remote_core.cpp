@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -298,9 +299,16 @@ std::size_t remote_core::connections() const {
 void remote_core::shutdown() {
   std::vector<std::shared_ptr<remote_import>> ops;
   {
-    std::lock_guard lock(ucx_->mutex());
-    if (stopping_) return;
+    std::unique_lock lock(ucx_->mutex());
+    if (stopping_) {
+      // Another caller runs it: return once it is done, as it will, unless
+      // this is that caller, in a deleter it runs.
+      if (shutting_down_on_ == std::this_thread::get_id()) return;
+      shutdown_finished_.wait(lock, [this] { return shut_down_; });
+      return;
+    }
     stopping_ = true;
+    shutting_down_on_ = std::this_thread::get_id();
     // Imports in flight end with Cancelled now; what UCX still writes into
     // their buffers ends with the worker below, and the buffers after it.
     ops.reserve(imports_.size());
@@ -353,6 +361,11 @@ void remote_core::shutdown() {
   // here, and those of publications that ended before that the executor has
   // not dropped yet.
   to_delete_->drop_all();
+  {
+    std::lock_guard lock(ucx_->mutex());
+    shut_down_ = true;
+  }
+  shutdown_finished_.notify_all();
 }
 
 }  // namespace dlasync::detail

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -328,6 +329,11 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::shared_ptr<ucx_worker> ucx_;
   asio::any_io_executor executor_;
   bool stopping_ = false;
+  // Shutdown's end, for a second caller to wait for (under the mutex), and
+  // the thread that runs it, which a producer's deleter may call it from.
+  bool shut_down_ = false;
+  std::thread::id shutting_down_on_;
+  std::condition_variable shutdown_finished_;
   std::string listen_address_;
   std::uint16_t listen_port_ = 0;
 

@@ -471,6 +471,35 @@ TEST_CASE("a publication's end is told once to each callback, with why it ended"
     REQUIRE(nodes.out().when_ended(p->descriptor.lease_id, record).code() ==
             absl::StatusCode::kNotFound);
   }
+  SECTION("two callers at once: each returns once the end is told, and a callback may call it") {
+    auto p = publish_here(nodes.out(), "contiguous", {16});
+    remote_node& out = nodes.out();
+    // The callback is slow, and shuts the node down itself (a no-op there).
+    REQUIRE(out.when_ended(p->descriptor.lease_id,
+                           [record, &out](publication_end why) {
+                             std::this_thread::sleep_for(200ms);
+                             out.shutdown();
+                             record(why);
+                           })
+                .ok());
+    std::atomic<std::size_t> told_first{99};
+    std::atomic<std::size_t> told_second{99};
+    std::thread first([&] {
+      out.shutdown();
+      told_first = ends().size();
+    });
+    const bool retired = testing::eventually([&] { return out.publications() == 0; });
+    std::thread second([&] {
+      out.shutdown();
+      told_second = ends().size();
+    });
+    first.join();
+    second.join();
+    REQUIRE(retired);
+    REQUIRE(told_first.load() == 1);
+    REQUIRE(told_second.load() == 1);
+    REQUIRE(p->count.calls.load() == 1);
+  }
   SECTION("a bundle's lease, an unknown lease, an empty callback") {
     auto b = publish_bundle_here(nodes.out(), {{"contiguous", {8}}, {"negative", {3, 5}}});
     REQUIRE(nodes.out().when_ended(b->bundle.lease_id, record).ok());
