@@ -225,9 +225,51 @@ absl::StatusOr<exporter_endpoint*> remote_core::endpoint_locked(const std::strin
         "): ", ep.status().message()));
   }
   e->ep = *ep;
+  // A flush completes once UCX has made the connection and wired the
+  // endpoint up: then its lane report tells whether it reads with a lane of
+  // its own, and a close may flush what was sent.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &remote_core::on_wired;
+  param.user_data = this;
+  ucs_status_ptr_t r = ucp_ep_flush_nbx(e->ep, &param);
+  if (UCS_PTR_IS_PTR(r)) {
+    e->wired = false;
+    e->wiring = r;
+  } else {
+    e->connected = UCS_PTR_STATUS(r) == UCS_OK;
+  }
   exporter_endpoint* raw = e.get();
   endpoints_.emplace(std::move(key), std::move(e));
   return raw;
+}
+
+void remote_core::on_wired(void* request, ucs_status_t status, void* arg) {
+  // Under the lock: inside progress, or a close. Whether the flush failed
+  // or not, the endpoint's own error (if any) fails its imports.
+  auto* core = static_cast<remote_core*>(arg);
+  auto is_it = [request](const std::unique_ptr<exporter_endpoint>& e) {
+    return e->wiring == request;
+  };
+  for (auto& [key, e] : core->endpoints_) {
+    if (!is_it(e)) continue;
+    if (status == UCS_OK) e->connected = true;
+    core->wired_locked(*e);
+  }
+  for (auto& e : core->failed_endpoints_) {
+    if (is_it(e)) core->wired_locked(*e);
+  }
+  ucp_request_free(request);
+}
+
+void remote_core::wired_locked(exporter_endpoint& e) {
+  e.wired = true;
+  e.wiring = nullptr;
+  std::vector<std::weak_ptr<remote_import>> waiting = std::move(e.awaiting_wireup);
+  e.awaiting_wireup.clear();
+  for (const std::weak_ptr<remote_import>& weak : waiting) {
+    if (std::shared_ptr<remote_import> op = weak.lock()) op->on_wired_locked();
+  }
 }
 
 void remote_core::on_exporter_error(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -245,6 +287,8 @@ void remote_core::endpoint_lost_locked(exporter_endpoint& e, absl::Status why, b
   e.failure = std::move(why);
   std::vector<std::weak_ptr<remote_import>> users = std::move(e.users);
   e.users.clear();
+  users.insert(users.end(), e.awaiting_wireup.begin(), e.awaiting_wireup.end());
+  e.awaiting_wireup.clear();
   for (const std::weak_ptr<remote_import>& weak : users) {
     if (std::shared_ptr<remote_import> op = weak.lock()) op->on_endpoint_failed_locked(e.failure);
   }
@@ -317,16 +361,29 @@ void remote_core::shutdown() {
     // Receives under way finish first (bounded): UCX 1.13 may leave the
     // last message of a rendezvous queued on an endpoint closed under it,
     // and then aborts when the worker is destroyed.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    // Connections being made get up to 2 seconds of that to be made: UCX
+    // 1.13 aborts in the worker's destruction after a forced close of one
+    // still being made to a live exporter.
+    const auto now = std::chrono::steady_clock::now();
+    const auto until = now + std::chrono::seconds(5);
+    const auto made_by = now + std::chrono::seconds(2);
     auto writing = [&ops] {
       return std::any_of(ops.begin(), ops.end(), [](const auto& op) { return op->writing(); });
     };
-    while (writing() && std::chrono::steady_clock::now() < until) {
+    auto connecting = [this, made_by] {
+      return std::chrono::steady_clock::now() < made_by &&
+             std::any_of(endpoints_.begin(), endpoints_.end(),
+                         [](const auto& e) { return e.second->ep != nullptr && !e.second->wired; });
+    };
+    while ((writing() || connecting()) && std::chrono::steady_clock::now() < until) {
       ucp_worker_progress(ucx_->worker());
     }
-    // The exporters are alive: what was sent to them goes out first.
+    // The exporters are alive: what was sent to them goes out first. A
+    // connection never made (a listener that does not speak UCX) is closed
+    // at once: a flush on it would never end, and UCX 1.13 aborts in the
+    // worker's destruction with a request still queued on it.
     for (auto& [key, e] : endpoints_) {
-      if (e->ep != nullptr) ucx_->close_endpoint(std::exchange(e->ep, nullptr), true);
+      if (e->ep != nullptr) ucx_->close_endpoint(std::exchange(e->ep, nullptr), e->connected);
     }
     for (auto& e : failed_endpoints_) close_endpoint_locked(*e);
     for (auto& [ep, c] : importers_) ucx_->close_endpoint(ep);

@@ -144,10 +144,23 @@ struct exporter_endpoint {
   // When the exporter was last heard from on this endpoint (a reply, a
   // piece, a piece's bytes arriving), or the endpoint was made.
   std::chrono::steady_clock::time_point heard = std::chrono::steady_clock::now();
-  // Whether UCX gets bytes over this endpoint with a native RMA lane (cma
-  // over shared memory), rather than emulating it with active messages.
-  // Known once the endpoint is wired up; asked when an import needs it.
+  // Whether UCX made the connection (its first flush completed), or the
+  // exporter answered on it: only then can a close flush what was sent.
+  bool connected = false;
+  void heard_from() {
+    heard = std::chrono::steady_clock::now();
+    connected = true;
+  }
+  // The imports that asked for a hold on it (they fail when it is lost).
   std::vector<std::weak_ptr<class remote_import>> users;
+  // Whether UCX has wired the endpoint up (or failed to): a flush made with
+  // the endpoint (`wiring`) tells. Only then does its lane report say
+  // whether UCX gets bytes with a native RMA lane (cma over shared memory)
+  // rather than emulating RMA with active messages; imports that need the
+  // answer (trusted peers, fetch automatic) wait in `awaiting_wireup`.
+  bool wired = true;
+  void* wiring = nullptr;
+  std::vector<std::weak_ptr<class remote_import>> awaiting_wireup;
   // Remote keys unpacked on `ep`, by their packed bytes: imports of memory
   // an exporter keeps registered unpack its key once (trusted peers). The
   // least recently used goes first.
@@ -232,6 +245,10 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   static void on_connection_request(ucp_conn_request_h request, void* arg);
   static void on_importer_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void on_exporter_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // An endpoint's flush completed (`request`, its `wiring`): it is wired
+  // up, and the imports that waited for it go on.
+  static void on_wired(void* request, ucs_status_t status, void* arg);
+  void wired_locked(exporter_endpoint& e);
 
   // The importer connected on `ep`, or null: a message from anywhere else
   // is not an importer's.

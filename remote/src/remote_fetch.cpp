@@ -1,6 +1,7 @@
-// A remote import's bytes: the pieces its exporter sends, each checked
-// against the descriptor before a byte of it is written, or, between
-// trusted peers, the RMA gets the import issues itself.
+// How a remote import's bytes come (chosen once the connection is wired up,
+// where that matters), and the bytes: the pieces its exporter sends, each
+// checked against the descriptor before a byte of it is written, or,
+// between trusted peers, the RMA gets the import issues itself.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -11,8 +12,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "dlasync/validate.hpp"
 #include "remote/src/remote_core.hpp"
 #include "remote/src/remote_import.hpp"
+#include "runtime/src/runtime_core.hpp"
+#include "transfer/src/plan/transfer_plan.hpp"
 
 namespace dlasync::detail {
 namespace {
@@ -32,15 +36,18 @@ bool known_plan(std::uint8_t plan) {
 
 }  // namespace
 
-absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices) {
+absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices,
+                                                bool& unwired) {
   // RMA only between trusted peers, with the exporter's keys; by default
-  // only where UCX reads with a lane of its own (a connection in use tells).
+  // only where UCX reads with a lane of its own (a connection wired up
+  // tells).
   // A bundle is read one way: by RMA when every member with bytes can be.
   const remote_node_options& o = core_->options();
-  ucp_ep_h ep = endpoint_->ep;
+  const exporter_endpoint& e = *endpoint_;
   std::optional<bool> native;
-  auto native_rma = [ep, &native] {
-    if (!native) native = remote_core::native_rma(ep);
+  auto native_rma = [&e, &native, &unwired] {
+    if (!e.wired) unwired = true;
+    if (!native) native = e.wired && remote_core::native_rma(e.ep);
     return *native;
   };
   bool some_rma = false;
@@ -81,6 +88,37 @@ absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch
   return chosen;
 }
 
+absl::Status remote_import::plan_fetch_locked(bool& unwired) {
+  std::vector<remote_detail::fetch_choice> choices(members_.size());
+  if (absl::Status s = choose_fetch_locked(choices, unwired); !s.ok() || unwired) return s;
+  fetch_bytes_ = 0;
+  for (std::size_t k = 0; k < members_.size(); ++k) {
+    member& m = members_[k];
+    m.lands = choices[k].span ? layout::span : layout::compact;
+    m.fetch_bytes = choices[k].bytes;
+    if (fetch_bytes_ + m.fetch_bytes < fetch_bytes_) {
+      return with_import_error(
+          absl::OutOfRangeError("the bundle's members together overflow 64 bits of bytes"),
+          import_error{.consumed = false, .rule = "byte_size", .copy_reasons = ""});
+    }
+    fetch_bytes_ += m.fetch_bytes;
+  }
+  return detail::check_budget(bundle_ ? "the remote bundle" : "the remote tensor", fetch_bytes_,
+                              core_of(core_->rt()).budget()->limit());
+}
+
+void remote_import::on_wired_locked() {
+  awaiting_wireup_ = false;
+  if (finished_) return;
+  if (!endpoint_->failure.ok()) return fail_locked(endpoint_->failure);
+  bool unwired = false;
+  if (absl::Status s = plan_fetch_locked(unwired); !s.ok()) {
+    finish_locked(std::move(s));
+    return wind_down_locked();
+  }
+  ask_budget_locked();
+}
+
 bool remote_import::adopt_plan_locked(std::size_t k, std::uint8_t plan, std::uint64_t count) {
   member& m = members_[k];
   // Adopted already (from the grant, or from a piece that overtook it): the
@@ -118,7 +156,7 @@ void remote_import::on_piece_locked(const remote_detail::piece& m, void* data, s
   if (endpoint_ == nullptr || from != endpoint_->ep || rma_ || !hold_requested_ || finished_) {
     return;
   }
-  endpoint_->heard = std::chrono::steady_clock::now();
+  endpoint_->heard_from();
   // A piece names its member and its plan: the grant's, or the first of a
   // member whose pieces overtook the grant.
   const std::size_t k = m.member;
@@ -200,7 +238,7 @@ void remote_import::on_packed_locked(const remote_detail::packed& m, void* data,
       finished_) {
     return;
   }
-  endpoint_->heard = std::chrono::steady_clock::now();
+  endpoint_->heard_from();
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
     return fail_locked(absl::DataLossError(
         absl::StrCat("the exporter sent packed members of lease ", lease_id_,
@@ -269,7 +307,7 @@ void remote_import::write_done_locked(ucs_status_t status) {
   if (writes_in_flight_ > 0) --writes_in_flight_;
   if (status == UCS_OK) {
     ++pieces_done_;
-    if (endpoint_ != nullptr) endpoint_->heard = std::chrono::steady_clock::now();
+    if (endpoint_ != nullptr) endpoint_->heard_from();
   } else if (failure_.ok()) {
     absl::Status why = remote_detail::ucx_error(
         status, absl::StrCat("fetching lease ", lease_id_,

@@ -128,25 +128,8 @@ void remote_import::begin(done_fn done, std::vector<member> members, bool bundle
       core_->endpoint_locked(first.exporter_address, first.exporter_port);
   if (!e.ok()) return finish_locked(in_flight(e.status()));
   endpoint_ = *e;
-  std::vector<remote_detail::fetch_choice> choices(members_.size());
-  if (absl::Status s = choose_fetch_locked(choices); !s.ok()) return finish_locked(std::move(s));
-  for (std::size_t k = 0; k < members_.size(); ++k) {
-    member& m = members_[k];
-    m.lands = choices[k].span ? layout::span : layout::compact;
-    m.fetch_bytes = choices[k].bytes;
-    if (fetch_bytes_ + m.fetch_bytes < fetch_bytes_) {
-      return finish_locked(with_import_error(
-          absl::OutOfRangeError("the bundle's members together overflow 64 bits of bytes"),
-          import_error{.consumed = false, .rule = "byte_size", .copy_reasons = ""}));
-    }
-    fetch_bytes_ += m.fetch_bytes;
-  }
-  memory_budget& budget = *core_of(rt).budget();
-  if (absl::Status st = detail::check_budget(bundle_ ? "the remote bundle" : "the remote tensor",
-                                             fetch_bytes_, budget.limit());
-      !st.ok()) {
-    return finish_locked(std::move(st));
-  }
+  bool unwired = false;
+  if (absl::Status s = plan_fetch_locked(unwired); !s.ok()) return finish_locked(std::move(s));
   // Tracked from here, so that shutdown finds it wherever it waits.
   request_id_ = core_->next_request_id_locked();
   core_->track_locked(shared_from_this());
@@ -158,6 +141,17 @@ void remote_import::begin(done_fn done, std::vector<member> members, bool bundle
         if (ec) return;
         if (std::shared_ptr<remote_import> self = weak.lock()) self->timed_out(t);
       });
+  if (unwired) {
+    // How the bytes come depends on the lanes UCX wires up: chosen then.
+    awaiting_wireup_ = true;
+    endpoint_->awaiting_wireup.push_back(weak_from_this());
+    return;
+  }
+  ask_budget_locked();
+}
+
+void remote_import::ask_budget_locked() {
+  memory_budget& budget = *core_of(core_->rt()).budget();
   // Budget free now, with nobody in line: taken here, and the hold asked at
   // once, without a hop through the executor (a small import's round trip
   // is mostly such hops).
@@ -253,7 +247,7 @@ void remote_import::on_hold_reply_locked(const hold_reply& m, void* data, std::s
   // Only the exporter asked answers, once.
   if (endpoint_ == nullptr || from != endpoint_->ep || !hold_requested_ || reply_seen_) return;
   reply_seen_ = true;
-  endpoint_->heard = std::chrono::steady_clock::now();
+  endpoint_->heard_from();
   if (m.code != 0) {
     std::string message(m.message, strnlen(m.message, sizeof(m.message)));
     finish_locked(with_import_error(
@@ -426,6 +420,16 @@ void remote_import::timed_out(std::chrono::milliseconds t) {
     // them, fail Unavailable, and the next import from this exporter
     // connects afresh. An exporter heard from meanwhile is slow, not gone:
     // this import alone ends, below.
+    if (endpoint_ != nullptr && awaiting_wireup_ && endpoint_->failure.ok()) {
+      // UCX never finished making the connection: nothing can come over it.
+      core_->endpoint_lost_locked(*endpoint_,
+                                  absl::UnavailableError(absl::StrCat(
+                                      "the connection to the exporter was not made within "
+                                      "remote_node_options::import_timeout (",
+                                      t.count(), " ms); it went away, or the link is down")),
+                                  /*from_ucx=*/false);
+      return;
+    }
     if (endpoint_ != nullptr && hold_requested_ && endpoint_->failure.ok()) {
       const auto silent = std::chrono::steady_clock::now() - endpoint_->heard;
       if (silent >= t / 2) {

@@ -70,6 +70,8 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   void on_packed_locked(const remote_detail::packed& m, void* data, std::size_t length,
                         const ucp_am_recv_param_t* param);
   void on_endpoint_failed_locked(const absl::Status& why);
+  // The endpoint this import waited for is wired up: its fetch is chosen.
+  void on_wired_locked();
   // The node shuts down: the handler gets Cancelled now; the buffer and the
   // budget go in after_finalize_locked, once the worker (and every write it
   // could still make) is gone.
@@ -102,6 +104,12 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
              absl::Status refused = absl::OkStatus());
   // "lease L", or "member I of lease L" in a bundle: what messages name.
   std::string name_of(std::size_t k) const;
+  // Chooses how each member's bytes come, and how many bytes the members'
+  // buffers take (fetch_bytes_), within the budget's limit. `unwired`: the
+  // choice needs the endpoint wired up, and nothing was chosen.
+  absl::Status plan_fetch_locked(bool& unwired);
+  // Takes the budget for fetch_bytes_, or waits for it.
+  void ask_budget_locked();
   void on_budget(const absl::Status& granted);
   // The budget is held (budget_held_): allocates and asks for the hold.
   void budget_granted_locked();
@@ -123,7 +131,9 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   // How each member's bytes come (remote_fetch.cpp): sets rma_ (one way
   // for all), and each member's choice in `choices`. A refusal (RMA forced
   // on a member without a key) names the member.
-  absl::Status choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices);
+  // `unwired`: it asked for the endpoint's lanes before UCX wired it up.
+  absl::Status choose_fetch_locked(std::vector<remote_detail::fetch_choice>& choices,
+                                   bool& unwired);
   // RMA (trusted peers): the gets this import issues (remote_fetch.cpp),
   // for every member, under its key.
   void fetch_rma_locked();
@@ -187,6 +197,7 @@ class remote_import : public std::enable_shared_from_this<remote_import> {
   std::uint64_t budget_held_ = 0;
 
   exporter_endpoint* endpoint_ = nullptr;
+  bool awaiting_wireup_ = false;  // on endpoint_->awaiting_wireup
   std::uint64_t request_id_ = 0;
   bool tracked_ = false;
   bool hold_requested_ = false;

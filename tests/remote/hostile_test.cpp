@@ -11,6 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
 #include "dlasync/dlasync.hpp"
@@ -61,6 +66,32 @@ std::uint16_t hostile_listens(peer_process& hostile, const std::string& mode, st
   REQUIRE(line->rfind("listening ", 0) == 0);
   return static_cast<std::uint16_t>(std::stoi(line->substr(10)));
 }
+
+// A TCP listener on loopback that takes connections (the kernel completes
+// them) and never says a word: UCX's connection to it is never wired up.
+class mute_listener {
+ public:
+  mute_listener() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(a);
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(fd_, 16) == 0);
+    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+    port_ = ntohs(a.sin_port);
+  }
+  mute_listener(const mute_listener&) = delete;
+  mute_listener& operator=(const mute_listener&) = delete;
+  ~mute_listener() { close(fd_); }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
 
 }  // namespace
 
@@ -251,6 +282,78 @@ TEST_CASE("an importer that shuts down mid-transfer gives back its buffers and b
     for (auto& f : fs) REQUIRE(f.wait_for(10s) == std::future_status::ready);
     nodes.out().shutdown();
     for (auto& p : ps) REQUIRE(p->count.calls.load() == 1);
+  }
+}
+
+TEST_CASE("an import over a connection that is never made ends on every path, and shutdown too",
+          "[remote][hostile][rma]") {
+  // Between trusted peers, automatically, how the bytes come depends on the
+  // lanes UCX wires up: the import waits for that. A connection that is
+  // never made must not keep it.
+  remote_node_options o;
+  o.trusted_peers = true;
+  o.fetch = remote_fetch::automatic;
+  o.min_rma_bytes = 1;
+  o.import_timeout = 1s;
+  auto in = make_importer(o);
+  mute_listener mute;
+  remote_descriptor d = at_hostile_exporter(mute.port(), 4096);
+  d.rkey = std::string(32, 'k');  // keyed: RMA is possible, so the lanes are asked
+  SECTION("a listener that never answers: Unavailable at the timeout, and again afresh") {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<tensor> t = import_now(*in->node, d);
+      const auto took = std::chrono::steady_clock::now() - start;
+      INFO(t.status().ToString());
+      REQUIRE(t.status().code() == absl::StatusCode::kUnavailable);
+      REQUIRE_THAT(std::string(t.status().message()),
+                   Catch::Contains("the connection to the exporter was not made within") &&
+                       Catch::Contains("1000 ms"));
+      REQUIRE(took >= 900ms);
+      REQUIRE(took < 10s);
+      REQUIRE(testing::eventually([&] { return in->node->imports_in_flight() == 0; }));
+      REQUIRE(testing::copy_budget(*in->rt).in_use() == 0);
+    }
+  }
+  SECTION("cancelled while it waits: Cancelled at once") {
+    canceller cancel;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<tensor> t = cancel.cancelled_after<tensor>(
+        100ms, [&](auto token) { async_import_remote(*in->node, d, {}, std::move(token)); });
+    REQUIRE(t.status().code() == absl::StatusCode::kCancelled);
+    REQUIRE(std::chrono::steady_clock::now() - start < 900ms);
+    REQUIRE(testing::eventually([&] { return in->node->imports_in_flight() == 0; }));
+  }
+  SECTION("the node shuts down while it waits: Cancelled, within a bound") {
+    // Untrusted too, where the hold request waits on the connection: before,
+    // the close flushed it, which never ended, and UCX aborted the process
+    // when the worker went.
+    o.trusted_peers = GENERATE(true, false);
+    INFO("trusted " << o.trusted_peers);
+    in = make_importer(o);
+    std::future<absl::StatusOr<tensor>> f =
+        async_import_remote(*in->node, d, import_options{}, asio::use_future);
+    std::this_thread::sleep_for(100ms);
+    REQUIRE(in->node->imports_in_flight() == 1);
+    const auto start = std::chrono::steady_clock::now();
+    in->node->shutdown();
+    REQUIRE(std::chrono::steady_clock::now() - start < 4s);
+    REQUIRE(f.wait_for(5s) == std::future_status::ready);
+    REQUIRE(f.get().status().code() == absl::StatusCode::kCancelled);
+  }
+  SECTION("a port nobody listens on: Unavailable, not a wait for the timeout") {
+    remote_descriptor nobody = d;
+    {
+      mute_listener gone;
+      nobody.exporter_port = gone.port();
+    }
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<tensor> t = import_now(*in->node, nobody);
+    INFO(t.status().ToString());
+    REQUIRE(t.status().code() == absl::StatusCode::kUnavailable);
+    REQUIRE_THAT(std::string(t.status().message()), Catch::Contains("connection to the exporter"));
+    REQUIRE(std::chrono::steady_clock::now() - start < 900ms);
+    REQUIRE(testing::eventually([&] { return in->node->imports_in_flight() == 0; }));
   }
 }
 
