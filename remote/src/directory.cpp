@@ -3,9 +3,10 @@
 // time under its lock, each bounded by io_timeout; a connection that broke
 // is made afresh by the next command. A wait that finds nothing at first
 // subscribes to the name's channel on a connection of its own
-// (directory_watch.hpp), on which puts and withdrawals publish. A name put
-// while published is withdrawn by a job on the directory's thread that the
-// publication's end queues, if the directory is still there.
+// (directory_watch.hpp), on which puts and withdrawals publish; an
+// awaitable import's wait blocks a thread of its own (directory_waits.hpp).
+// A name put while published is withdrawn by a job on the directory's
+// thread that the publication's end queues, if the directory is still there.
 #include "dlasync/remote_directory.hpp"
 
 #include <hiredis/hiredis.h>
@@ -20,10 +21,14 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "asio/co_spawn.hpp"
+#include "asio/associated_executor.hpp"
+#include "asio/async_result.hpp"
+#include "asio/execution/outstanding_work.hpp"
 #include "asio/post.hpp"
+#include "asio/prefer.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
+#include "remote/src/directory_waits.hpp"
 #include "remote/src/directory_watch.hpp"
 
 namespace dlasync {
@@ -69,6 +74,7 @@ class remote_directory::impl {
  public:
   explicit impl(remote_directory_options o) : options(std::move(o)) {}
   ~impl() {
+    waits.join();
     pool.join();
     if (context != nullptr) redisFree(context);
   }
@@ -107,8 +113,10 @@ class remote_directory::impl {
   const remote_directory_options options;
   std::mutex mutex;
   redisContext* context = nullptr;  // guarded by mutex
-  // Where the awaitable import waits, off the runtime's threads.
+  // Where put_while_published's withdrawals run, off the runtime's threads.
   asio::thread_pool pool{1};
+  // Where the awaitable imports wait, each on a thread of its own.
+  remote_detail::wait_threads waits{remote_directory::max_waits};
 };
 
 absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
@@ -138,8 +146,10 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
 remote_directory::remote_directory(std::shared_ptr<impl> impl) noexcept : impl_(std::move(impl)) {}
 
 remote_directory::~remote_directory() {
-  // The withdrawals queued finish here (each bounded by io_timeout); those
-  // queued later find the thread gone, and the directory with it.
+  // The waits under way end here (each bounded by its wait), and the
+  // withdrawals queued (each bounded by io_timeout); those queued later find
+  // the thread gone, and the directory with it.
+  impl_->waits.join();
   impl_->pool.join();
 }
 
@@ -443,13 +453,25 @@ absl::Status remote_directory::withdraw(std::string_view name) {
 asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
     remote_node& node, remote_directory& directory, std::string name,
     std::chrono::milliseconds wait, remote_import_options options) {
-  // The wait blocks a thread: the directory's, not the runtime's.
-  absl::StatusOr<remote_entry> entry = co_await asio::co_spawn(
-      directory.get_impl().pool.get_executor(),
-      [&]() -> asio::awaitable<absl::StatusOr<remote_entry>> {
-        co_return directory.wait_for(name, wait);
-      },
-      asio::use_awaitable);
+  // The wait blocks a thread of its own, never the runtime's, nor another
+  // wait's; its result comes back on the coroutine's executor.
+  absl::StatusOr<remote_entry> entry =
+      co_await asio::async_initiate<const asio::use_awaitable_t<>&,
+                                    void(absl::StatusOr<remote_entry>)>(
+          [&directory, &name, wait](auto handler) {
+            auto ex = asio::prefer(asio::get_associated_executor(handler),
+                                   asio::execution::outstanding_work.tracked);
+            directory.get_impl().waits.run([&directory, name, wait, ex,
+                                            handler =
+                                                std::move(handler)](absl::Status admitted) mutable {
+              absl::StatusOr<remote_entry> found =
+                  admitted.ok() ? directory.wait_for(name, wait) : std::move(admitted);
+              asio::post(ex, [handler = std::move(handler), found = std::move(found)]() mutable {
+                std::move(handler)(std::move(found));
+              });
+            });
+          },
+          asio::use_awaitable);
   if (!entry.ok()) co_return entry.status();
   if (auto* d = std::get_if<remote_descriptor>(&*entry)) {
     absl::StatusOr<tensor> t = co_await import_remote(node, *d, options);

@@ -314,6 +314,61 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
   REQUIRE_THAT(std::string(bad.status().message()), Catch::Contains("recheck"));
 }
 
+TEST_CASE("named imports wait together, and a withdrawal never queues behind a wait",
+          "[remote][directory]") {
+  // Before: every named import of a directory waited on its one thread, so
+  // one waiting for a name that never came held up the others, and the
+  // withdrawals of names put while published, for as long as its wait.
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  publish_options lease;
+  lease.lease = 30s;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::future<absl::StatusOr<std::vector<tensor>>>> never;
+  for (int i = 0; i < 3; ++i) {
+    never.push_back(asio::co_spawn(nodes.in().get_executor(),
+                                   import_remote_named(nodes.in(), *dir, "never", 4s),
+                                   asio::use_future));
+  }
+  std::this_thread::sleep_for(100ms);  // the three are waiting
+  auto p = publish_here(nodes.out(), "contiguous", {64}, lease, 12);
+  REQUIRE(dir->put_while_published(nodes.out(), "here", p->descriptor, lease.lease).ok());
+  absl::StatusOr<std::vector<tensor>> got = import_named(nodes.in(), *dir, "here", 4s);
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  check_bytes(got->front(), "contiguous", {64}, dtypes::float32, 12);
+  // Taken: its name is withdrawn now, not once the waits above end.
+  REQUIRE(dir->wait_withdrawn("here", 2s).ok());
+  REQUIRE(std::chrono::steady_clock::now() - start < 3s);
+  for (auto& f : never) {
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    REQUIRE(f.get().status().code() == absl::StatusCode::kDeadlineExceeded);
+  }
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  // At most max_waits at once: one more is refused at once, by name.
+  never.clear();
+  for (std::size_t i = 0; i <= remote_directory::max_waits; ++i) {
+    never.push_back(asio::co_spawn(nodes.in().get_executor(),
+                                   import_remote_named(nodes.in(), *dir, "never", 3s),
+                                   asio::use_future));
+  }
+  std::size_t refused = 0;
+  std::size_t waited = 0;
+  for (auto& f : never) {
+    REQUIRE(f.wait_for(30s) == std::future_status::ready);
+    absl::StatusOr<std::vector<tensor>> r = f.get();
+    if (r.status().code() == absl::StatusCode::kResourceExhausted) {
+      ++refused;
+      REQUIRE_THAT(std::string(r.status().message()), Catch::Contains("max_waits"));
+    } else if (r.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      ++waited;
+    }
+  }
+  REQUIRE(refused == 1);
+  REQUIRE(waited == remote_directory::max_waits);
+}
+
 TEST_CASE("a name put while published goes when its publication ends, long before its ttl",
           "[remote][directory]") {
   redis_server server;

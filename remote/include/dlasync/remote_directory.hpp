@@ -31,9 +31,11 @@
 //
 // Thread safety: all members are safe to call from any thread; each call
 // blocks its thread for at most its command's timeout (io_timeout), or the
-// wait it is given. The awaitable import, and put_while_published's
-// withdrawals, wait on the directory's own thread, never on the runtime's;
-// the destructor waits for the withdrawals already queued.
+// wait it is given. The awaitable import waits on a thread of its own (at
+// most max_waits at once), and put_while_published's withdrawals on the
+// directory's own thread: never on the runtime's, and never one behind
+// another's wait. The destructor waits for the waits under way and the
+// withdrawals already queued.
 #pragma once
 
 #include <chrono>
@@ -76,6 +78,10 @@ class remote_directory {
   static constexpr std::size_t max_entry_bytes = std::size_t{16} << 20;
   // The longest name.
   static constexpr std::size_t max_name_bytes = 512;
+  // The most awaitable imports (import_remote_named) that wait at once on
+  // one directory, each with a thread of its own; one more is refused with
+  // ResourceExhausted.
+  static constexpr std::size_t max_waits = 256;
 
   // Connects to the server. InvalidArgument for an empty address, or an
   // io_timeout or recheck not above 0; Unavailable when the server cannot be reached
@@ -153,11 +159,12 @@ class remote_directory {
 };
 
 #if defined(ASIO_HAS_CO_AWAIT)
-// Waits up to `wait` for `name` in `directory` (on the directory's own
-// thread), then imports what it holds: a descriptor's tensor (one tensor in
+// Waits up to `wait` for `name` in `directory` (on a thread of its own, so
+// that several such waits go on together), then imports what it holds: a descriptor's tensor (one tensor in
 // the vector) or a bundle's, as import_remote and import_remote_bundle do.
 // The directory's errors (NotFound, DeadlineExceeded, DataLoss, the
-// decode's) come as they are; the import's as the import gives them.
+// decode's) come as they are, and ResourceExhausted when max_waits wait
+// already; the import's as the import gives them.
 [[nodiscard]] asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
     remote_node& node, remote_directory& directory, std::string name,
     std::chrono::milliseconds wait, remote_import_options options = {});
