@@ -461,15 +461,19 @@ asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
           [&directory, &name, wait](auto handler) {
             auto ex = asio::prefer(asio::get_associated_executor(handler),
                                    asio::execution::outstanding_work.tracked);
-            directory.get_impl().waits.run([&directory, name, wait, ex,
-                                            handler =
-                                                std::move(handler)](absl::Status admitted) mutable {
-              absl::StatusOr<remote_entry> found =
-                  admitted.ok() ? directory.wait_for(name, wait) : std::move(admitted);
-              asio::post(ex, [handler = std::move(handler), found = std::move(found)]() mutable {
-                std::move(handler)(std::move(found));
-              });
-            });
+            directory.get_impl().waits.run(
+                [&directory, name, wait, ex, handler = std::move(handler)](
+                    absl::Status admitted) mutable -> remote_detail::wait_threads::then_fn {
+                  absl::StatusOr<remote_entry> found =
+                      admitted.ok() ? directory.wait_for(name, wait) : std::move(admitted);
+                  // Posted once the wait's thread is free (wait_threads).
+                  return [ex, handler = std::move(handler), found = std::move(found)]() mutable {
+                    asio::post(ex,
+                               [handler = std::move(handler), found = std::move(found)]() mutable {
+                                 std::move(handler)(std::move(found));
+                               });
+                  };
+                });
           },
           asio::use_awaitable);
   if (!entry.ok()) co_return entry.status();

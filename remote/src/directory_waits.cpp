@@ -7,9 +7,9 @@
 
 namespace dlasync::remote_detail {
 
-void wait_threads::run(absl::AnyInvocable<void(absl::Status) &&> job) {
+void wait_threads::run(absl::AnyInvocable<then_fn(absl::Status) &&> job) {
   // Shared with the thread, so that it is still here when none can be made.
-  auto held = std::make_shared<absl::AnyInvocable<void(absl::Status) &&>>(std::move(job));
+  auto held = std::make_shared<absl::AnyInvocable<then_fn(absl::Status) &&>>(std::move(job));
   absl::Status refused;
   {
     std::lock_guard lock(mutex_);
@@ -27,11 +27,14 @@ void wait_threads::run(absl::AnyInvocable<void(absl::Status) &&> job) {
                        " names at once, its most (remote_directory::max_waits); wait for fewer "
                        "names at once, or on another directory"));
     } else {
+      running_.reserve(running_.size() + 1);  // no throw once the thread runs
       auto done = std::make_shared<std::atomic<bool>>(false);
       try {
         std::thread t([held, done] {
-          std::move (*held)(absl::OkStatus());
+          then_fn then = std::move(*held)(absl::OkStatus());
+          // Its place is free before its caller hears.
           done->store(true, std::memory_order_release);
+          std::move(then)();
         });
         running_.push_back(running{std::move(t), std::move(done)});
         return;
@@ -41,7 +44,8 @@ void wait_threads::run(absl::AnyInvocable<void(absl::Status) &&> job) {
       }
     }
   }
-  std::move (*held)(std::move(refused));
+  then_fn then = std::move(*held)(std::move(refused));
+  std::move(then)();
 }
 
 void wait_threads::join() {

@@ -26,10 +26,13 @@ class wait_threads {
   wait_threads& operator=(const wait_threads&) = delete;
   ~wait_threads() { join(); }
 
+  // What a job does once its thread's place is free again: it tells its
+  // caller (so a caller told may start another job at once).
+  using then_fn = absl::AnyInvocable<void() &&>;
   // Runs job(OK) on a thread of its own; or job(why) here, at once, where
   // `most` run already (ResourceExhausted), after join (Cancelled), or where
-  // no thread can be made (ResourceExhausted).
-  void run(absl::AnyInvocable<void(absl::Status) &&> job);
+  // no thread can be made (ResourceExhausted). Then what the job returned.
+  void run(absl::AnyInvocable<then_fn(absl::Status) &&> job);
   // Waits for every job started.
   void join();
 

@@ -312,6 +312,10 @@ void retired_producers::drop() {
   idle_.notify_all();
 }
 
+bool retired_producers::in_drop() noexcept {
+  return dropping_here;
+}
+
 void retired_producers::drop_all() {
   if (dropping_here) {
     // Called from a deleter: what is queued is dropped here, and the drop

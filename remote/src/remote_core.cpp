@@ -245,21 +245,32 @@ absl::StatusOr<exporter_endpoint*> remote_core::endpoint_locked(const std::strin
 }
 
 void remote_core::on_wired(void* request, ucs_status_t status, void* arg) {
-  // Under the lock: inside progress, or a close. Whether the flush failed
-  // or not, the endpoint's own error (if any) fails its imports.
+  // Under the lock: inside progress, or a close.
   auto* core = static_cast<remote_core*>(arg);
-  auto is_it = [request](const std::unique_ptr<exporter_endpoint>& e) {
-    return e->wiring == request;
-  };
+  exporter_endpoint* wired = nullptr;
   for (auto& [key, e] : core->endpoints_) {
-    if (!is_it(e)) continue;
-    if (status == UCS_OK) e->connected = true;
-    core->wired_locked(*e);
+    if (e->wiring == request) wired = e.get();
   }
   for (auto& e : core->failed_endpoints_) {
-    if (is_it(e)) core->wired_locked(*e);
+    if (e->wiring == request) wired = e.get();
   }
   ucp_request_free(request);
+  if (wired == nullptr) return;  // gone with the node
+  if (status != UCS_OK && wired->failure.ok() && !core->stopping_) {
+    // The connection was not made: its imports fail now, rather than go on
+    // over it until UCX's error callback or their timeout.
+    wired->wiring = nullptr;
+    wired->wired = true;
+    return core->endpoint_lost_locked(
+        *wired,
+        absl::UnavailableError(absl::StrCat(
+            "the connection to the exporter could not be made; it went away or cannot be "
+            "reached (UCX: ",
+            ucs_status_string(status), ")")),
+        /*from_ucx=*/true);
+  }
+  if (status == UCS_OK) wired->connected = true;
+  core->wired_locked(*wired);
 }
 
 void remote_core::wired_locked(exporter_endpoint& e) {
@@ -346,8 +357,9 @@ void remote_core::shutdown() {
     std::unique_lock lock(ucx_->mutex());
     if (stopping_) {
       // Another caller runs it: return once it is done, as it will, unless
-      // this is that caller, in a deleter it runs.
-      if (shutting_down_on_ == std::this_thread::get_id()) return;
+      // this is that caller, in a deleter it runs, or a thread that runs
+      // deleters or end callbacks, which that caller may wait for.
+      if (shutting_down_on_ == std::this_thread::get_id() || retired_producers::in_drop()) return;
       shutdown_finished_.wait(lock, [this] { return shut_down_; });
       return;
     }
@@ -383,7 +395,9 @@ void remote_core::shutdown() {
     // at once: a flush on it would never end, and UCX 1.13 aborts in the
     // worker's destruction with a request still queued on it.
     for (auto& [key, e] : endpoints_) {
-      if (e->ep != nullptr) ucx_->close_endpoint(std::exchange(e->ep, nullptr), e->connected);
+      if (e->ep != nullptr) {
+        ucx_->close_endpoint(std::exchange(e->ep, nullptr), e->connected && e->wired);
+      }
     }
     for (auto& e : failed_endpoints_) close_endpoint_locked(*e);
     for (auto& [ep, c] : importers_) ucx_->close_endpoint(ep);
@@ -418,10 +432,9 @@ void remote_core::shutdown() {
   // here, and those of publications that ended before that the executor has
   // not dropped yet.
   to_delete_->drop_all();
-  {
-    std::lock_guard lock(ucx_->mutex());
-    shut_down_ = true;
-  }
+  // Told under the lock: a caller that wakes may destroy the node.
+  std::lock_guard lock(ucx_->mutex());
+  shut_down_ = true;
   shutdown_finished_.notify_all();
 }
 

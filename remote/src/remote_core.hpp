@@ -63,6 +63,8 @@ class retired_producers {
   void drop();
   // drop(), then waits until no other thread is dropping.
   void drop_all();
+  // Whether this thread runs deleters or end callbacks in drop() now.
+  static bool in_drop() noexcept;
 
  private:
   std::mutex mutex_;

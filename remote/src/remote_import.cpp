@@ -420,7 +420,8 @@ void remote_import::timed_out(std::chrono::milliseconds t) {
     // them, fail Unavailable, and the next import from this exporter
     // connects afresh. An exporter heard from meanwhile is slow, not gone:
     // this import alone ends, below.
-    if (endpoint_ != nullptr && awaiting_wireup_ && endpoint_->failure.ok()) {
+    if (endpoint_ != nullptr && awaiting_wireup_ && !endpoint_->connected &&
+        endpoint_->failure.ok()) {
       // UCX never finished making the connection: nothing can come over it.
       core_->endpoint_lost_locked(*endpoint_,
                                   absl::UnavailableError(absl::StrCat(

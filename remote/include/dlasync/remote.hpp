@@ -401,8 +401,8 @@ class remote_node {
   // Stops: imports in flight fail with Cancelled, every publication is
   // released (its producer's deleter runs), endpoints are closed and UCX is
   // finalised. Idempotent: a second caller returns once the first is done
-  // (one on the thread that shuts down, from a deleter, returns at once);
-  // must not be called from the runtime's threads.
+  // (one from a deleter or an end callback returns at once); must not be
+  // called from the runtime's threads.
   void shutdown();
 
  private:
