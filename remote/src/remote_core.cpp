@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -234,7 +233,6 @@ absl::StatusOr<exporter_endpoint*> remote_core::endpoint_locked(const std::strin
   param.user_data = this;
   ucs_status_ptr_t r = ucp_ep_flush_nbx(e->ep, &param);
   if (UCS_PTR_IS_PTR(r)) {
-    e->wired = false;
     e->wiring = r;
   } else {
     e->connected = UCS_PTR_STATUS(r) == UCS_OK;
@@ -260,7 +258,6 @@ void remote_core::on_wired(void* request, ucs_status_t status, void* arg) {
     // The connection was not made: its imports fail now, rather than go on
     // over it until UCX's error callback or their timeout.
     wired->wiring = nullptr;
-    wired->wired = true;
     return core->endpoint_lost_locked(
         *wired,
         absl::UnavailableError(absl::StrCat(
@@ -274,7 +271,6 @@ void remote_core::on_wired(void* request, ucs_status_t status, void* arg) {
 }
 
 void remote_core::wired_locked(exporter_endpoint& e) {
-  e.wired = true;
   e.wiring = nullptr;
   std::vector<std::weak_ptr<remote_import>> waiting = std::move(e.awaiting_wireup);
   e.awaiting_wireup.clear();
@@ -357,14 +353,13 @@ void remote_core::shutdown() {
     std::unique_lock lock(ucx_->mutex());
     if (stopping_) {
       // Another caller runs it: return once it is done, as it will, unless
-      // this is that caller, in a deleter it runs, or a thread that runs
-      // deleters or end callbacks, which that caller may wait for.
-      if (shutting_down_on_ == std::this_thread::get_id() || retired_producers::in_drop()) return;
+      // this is a deleter or an end callback (on that caller's thread, or on
+      // one that caller may wait for: it runs them all in drop()).
+      if (retired_producers::in_drop()) return;
       shutdown_finished_.wait(lock, [this] { return shut_down_; });
       return;
     }
     stopping_ = true;
-    shutting_down_on_ = std::this_thread::get_id();
     // Imports in flight end with Cancelled now; what UCX still writes into
     // their buffers ends with the worker below, and the buffers after it.
     ops.reserve(imports_.size());
@@ -384,8 +379,9 @@ void remote_core::shutdown() {
     };
     auto connecting = [this, made_by] {
       return std::chrono::steady_clock::now() < made_by &&
-             std::any_of(endpoints_.begin(), endpoints_.end(),
-                         [](const auto& e) { return e.second->ep != nullptr && !e.second->wired; });
+             std::any_of(endpoints_.begin(), endpoints_.end(), [](const auto& e) {
+               return e.second->ep != nullptr && !e.second->wired();
+             });
     };
     while ((writing() || connecting()) && std::chrono::steady_clock::now() < until) {
       ucp_worker_progress(ucx_->worker());
@@ -396,7 +392,7 @@ void remote_core::shutdown() {
     // worker's destruction with a request still queued on it.
     for (auto& [key, e] : endpoints_) {
       if (e->ep != nullptr) {
-        ucx_->close_endpoint(std::exchange(e->ep, nullptr), e->connected && e->wired);
+        ucx_->close_endpoint(std::exchange(e->ep, nullptr), e->connected && e->wired());
       }
     }
     for (auto& e : failed_endpoints_) close_endpoint_locked(*e);

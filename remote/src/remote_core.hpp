@@ -19,7 +19,6 @@
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -155,13 +154,13 @@ struct exporter_endpoint {
   }
   // The imports that asked for a hold on it (they fail when it is lost).
   std::vector<std::weak_ptr<class remote_import>> users;
-  // Whether UCX has wired the endpoint up (or failed to): a flush made with
-  // the endpoint (`wiring`) tells. Only then does its lane report say
+  // The flush made with the endpoint, until it completes: then UCX has
+  // wired the endpoint up (or failed to). Only then does its lane report say
   // whether UCX gets bytes with a native RMA lane (cma over shared memory)
   // rather than emulating RMA with active messages; imports that need the
   // answer (trusted peers, fetch automatic) wait in `awaiting_wireup`.
-  bool wired = true;
   void* wiring = nullptr;
+  bool wired() const noexcept { return wiring == nullptr; }
   std::vector<std::weak_ptr<class remote_import>> awaiting_wireup;
   // Remote keys unpacked on `ep`, by their packed bytes: imports of memory
   // an exporter keeps registered unpack its key once (trusted peers). The
@@ -348,10 +347,8 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   std::shared_ptr<ucx_worker> ucx_;
   asio::any_io_executor executor_;
   bool stopping_ = false;
-  // Shutdown's end, for a second caller to wait for (under the mutex), and
-  // the thread that runs it, which a producer's deleter may call it from.
+  // Shutdown's end, for a second caller to wait for (under the mutex).
   bool shut_down_ = false;
-  std::thread::id shutting_down_on_;
   std::condition_variable shutdown_finished_;
   std::string listen_address_;
   std::uint16_t listen_port_ = 0;

@@ -46,8 +46,8 @@ absl::Status remote_import::choose_fetch_locked(std::vector<remote_detail::fetch
   const exporter_endpoint& e = *endpoint_;
   std::optional<bool> native;
   auto native_rma = [&e, &native, &unwired] {
-    if (!e.wired) unwired = true;
-    if (!native) native = e.wired && remote_core::native_rma(e.ep);
+    if (!e.wired()) unwired = true;
+    if (!native) native = e.wired() && remote_core::native_rma(e.ep);
     return *native;
   };
   bool some_rma = false;
