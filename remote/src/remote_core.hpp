@@ -218,9 +218,12 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void endpoint_lost_locked(exporter_endpoint& e, absl::Status why, bool from_ucx);
   std::size_t imports_in_flight() const;
   remote_import_counts imports_completed() const;
-  // An import completed with its tensors, read by RMA or not.
-  void count_completed_locked(bool by_rma) noexcept {
-    ++(by_rma ? completed_.read_by_rma : completed_.sent_by_exporter);
+  // An import completed with its tensors: read by RMA, sent by the
+  // exporter, or with no bytes to move.
+  void count_completed_locked(bool by_rma, bool any_bytes) noexcept {
+    ++(!any_bytes ? completed_.without_bytes
+       : by_rma   ? completed_.read_by_rma
+                  : completed_.sent_by_exporter);
   }
   // Whether UCX reads over `ep` with a native RMA lane (cma over shared
   // memory) rather than emulating RMA with active messages.

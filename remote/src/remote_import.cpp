@@ -375,7 +375,12 @@ void remote_import::finish_locked(absl::StatusOr<std::vector<tensor>> result) {
     return;
   }
   if (timeout_) timeout_->cancel();
-  if (result.ok()) core_->count_completed_locked(rma_);
+  if (result.ok()) {
+    const bool any_bytes = std::any_of(members_.begin(), members_.end(), [](const member& m) {
+      return m.plan.plan.element_count > 0;
+    });
+    core_->count_completed_locked(rma_, any_bytes);
+  }
   std::move(done_)(std::move(result));
   done_ = nullptr;
 }

@@ -129,6 +129,14 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   check_bytes((*got)[2], "contiguous", {512, 1024}, dtypes::float32,
               9 + static_cast<unsigned>(members.size() - 1));
   REQUIRE(peer_reaches(*peer, "deleted", 2 * n));
+  // A bundle with no bytes to move counts neither way.
+  const std::vector<member_spec> empty_member = {{"contiguous", {4, 0, 3}}};
+  got = import_bundle_now(*in->node, publish_on_peer(*peer, empty_member, 3));
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  REQUIRE(got->size() == 1);
+  CHECK((*got)[0].byte_size() == 0);
+  REQUIRE(peer_reaches(*peer, "deleted", 2 * n + 1));
   // Both read as the fetch said: by RMA when forced. Automatically, by RMA
   // where UCX reads over a native lane (cma), the first on the new
   // connection too (it waits for UCX to wire the endpoint up, when UCX
@@ -136,6 +144,7 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   const remote_import_counts done = in->node->imports_completed();
   INFO("transports " << in->node->transports());
   CHECK(done.read_by_rma + done.sent_by_exporter == 2);
+  CHECK(done.without_bytes == 1);
   if (fetch == remote_fetch::rma) {
     CHECK(done.read_by_rma == 2);
   } else if (in->node->transports().find("cma") != std::string::npos) {
@@ -143,7 +152,7 @@ TEST_CASE("between trusted peers a bundle is read by RMA, every member intact",
   } else {
     CHECK(done.sent_by_exporter == 2);
   }
-  REQUIRE(peer->ask("quit") == "bye " + std::to_string(2 * n));
+  REQUIRE(peer->ask("quit") == "bye " + std::to_string(2 * n + 1));
   REQUIRE(peer->wait_exit() == 0);
 }
 

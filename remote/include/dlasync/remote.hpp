@@ -275,6 +275,9 @@ struct remote_node_options {
 struct remote_import_counts {
   std::uint64_t read_by_rma = 0;       // RMA gets this node issued
   std::uint64_t sent_by_exporter = 0;  // with the exporter's grant, or in its pieces
+  // No bytes to move (size-0 tensors, or a bundle of them): neither way,
+  // whichever the fetch was.
+  std::uint64_t without_bytes = 0;
 };
 
 // Why a publication ended (remote_node::when_ended): from then on its
