@@ -1,7 +1,7 @@
 // Names for publications, in Redis (dlasync/remote_directory.hpp), through
 // hiredis's blocking client: one connection a directory, one command at a
-// time under its lock, each bounded by io_timeout; a connection that broke
-// is made afresh by the next command. A wait that finds nothing at first
+// time, each bounded by io_timeout, scripts by their digest
+// (directory_store.hpp). A wait that finds nothing at first
 // subscribes to the name's channel on a connection of its own
 // (directory_watch.hpp), on which puts and withdrawals publish; an
 // awaitable import's wait blocks a thread of its own (directory_waits.hpp).
@@ -12,7 +12,6 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,16 +27,14 @@
 #include "asio/prefer.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
+#include "remote/src/directory_store.hpp"
 #include "remote/src/directory_waits.hpp"
 #include "remote/src/directory_watch.hpp"
 
 namespace dlasync {
 namespace {
 
-struct reply_deleter {
-  void operator()(redisReply* r) const { freeReplyObject(r); }
-};
-using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
+using remote_detail::reply_ptr;
 
 // absl's own string_view (Debian's abseil does not use std::string_view).
 absl::string_view av(std::string_view s) {
@@ -72,47 +69,20 @@ absl::Status nothing_under(std::string_view name) {
 
 class remote_directory::impl {
  public:
-  explicit impl(remote_directory_options o) : options(std::move(o)) {}
+  explicit impl(remote_directory_options o) : options(std::move(o)), store(options) {}
   ~impl() {
     waits.join();
     pool.join();
-    if (context != nullptr) redisFree(context);
   }
 
-  // Runs one command (its arguments binary-safe): the reply, or Unavailable
-  // when the server cannot be reached or the connection broke.
   absl::StatusOr<reply_ptr> command(const std::vector<std::string_view>& args) {
-    std::lock_guard lock(mutex);
-    if (absl::Status s = connect_locked(); !s.ok()) return s;
-    std::vector<const char*> argv;
-    std::vector<std::size_t> lengths;
-    for (std::string_view a : args) {
-      argv.push_back(a.data());
-      lengths.push_back(a.size());
-    }
-    auto* r = static_cast<redisReply*>(
-        redisCommandArgv(context, static_cast<int>(argv.size()), argv.data(), lengths.data()));
-    if (r == nullptr) {
-      absl::Status lost = remote_detail::unreachable(options, context->errstr);
-      redisFree(std::exchange(context, nullptr));  // the next command reconnects
-      return lost;
-    }
-    return reply_ptr(r);
+    return store.command(args);
   }
 
   std::string key(std::string_view name) const { return absl::StrCat(options.prefix, av(name)); }
 
-  absl::Status connect_locked() {
-    if (context != nullptr) return absl::OkStatus();
-    absl::StatusOr<redisContext*> c = remote_detail::connect_redis(options);
-    if (!c.ok()) return c.status();
-    context = *c;
-    return absl::OkStatus();
-  }
-
   const remote_directory_options options;
-  std::mutex mutex;
-  redisContext* context = nullptr;  // guarded by mutex
+  remote_detail::redis_store store;
   // Where put_while_published's withdrawals run, off the runtime's threads.
   asio::thread_pool pool{1};
   // Where the awaitable imports wait, each on a thread of its own.
@@ -136,10 +106,7 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
                      " ms: it must be above 0"));
   }
   auto i = std::make_shared<impl>(std::move(options));
-  {
-    std::lock_guard lock(i->mutex);
-    if (absl::Status s = i->connect_locked(); !s.ok()) return s;
-  }
+  if (absl::Status s = i->store.connect(); !s.ok()) return s;
   return std::unique_ptr<remote_directory>(new remote_directory(std::move(i)));
 }
 
@@ -163,10 +130,11 @@ namespace {
 // so on the key's channel (directory_watch.hpp): OK, or nil when taken. The
 // message is a courtesy: a server that refuses it (pcall) still keeps the
 // entry, and the put still succeeds.
-constexpr std::string_view put_and_publish =
+constexpr remote_detail::lua_script put_and_publish{
     R"(local ok = redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2], 'NX')
 if ok then redis.pcall('PUBLISH', KEYS[1], 'put') end
-return ok)";
+return ok)",
+    0};
 
 absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const std::string& bytes,
                        std::chrono::milliseconds ttl) {
@@ -177,7 +145,7 @@ absl::Status put_bytes(remote_directory::impl& d, std::string_view name, const s
   }
   const std::string key = d.key(name);
   const std::string ms = std::to_string(ttl.count());
-  absl::StatusOr<reply_ptr> r = d.command({"EVAL", put_and_publish, "1", key, bytes, ms});
+  absl::StatusOr<reply_ptr> r = d.store.run(put_and_publish, {"1", key, bytes, ms});
   if (!r.ok()) return r.status();
   if ((*r)->type == REDIS_REPLY_NIL) {
     return absl::AlreadyExistsError(absl::StrCat("the name \"", av(name),
@@ -241,18 +209,15 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
 
 namespace {
 
-// A watch of `name`'s channel, opened within `wait` (and io_timeout); nullptr
-// where none can be had (pub/sub refused, no connection to spare, too
-// slow): the wait then polls.
-std::unique_ptr<remote_detail::directory_watch> watch_of(const remote_directory::impl& d,
-                                                         std::string_view name,
-                                                         std::chrono::milliseconds wait) {
-  if (wait.count() <= 0) return nullptr;
+// A watch of `name`'s channel, opened within `wait` (and io_timeout):
+// Unavailable where the server cannot be reached in time (the wait polls,
+// and tries again later), FailedPrecondition where it refuses pub/sub (the
+// wait polls).
+absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch_of(
+    const remote_directory::impl& d, std::string_view name, std::chrono::milliseconds wait) {
   remote_directory_options o = d.options;
   o.io_timeout = std::min(o.io_timeout, wait);
-  absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> w =
-      remote_detail::directory_watch::open(o, d.key(name));
-  return w.ok() ? *std::move(w) : nullptr;
+  return remote_detail::directory_watch::open(o, d.key(name));
 }
 
 // Calls `look` until it says true or `until` has passed (false then). Only
@@ -261,25 +226,43 @@ std::unique_ptr<remote_detail::directory_watch> watch_of(const remote_directory:
 // and the subscription is seen. Then again when the watch sees the name
 // change, after the directory's recheck, or when `next_due()` has passed,
 // whichever comes first; without a watch, every 1 ms at first and every
-// 50 ms at most (or at next_due()).
+// 50 ms at most (or at next_due()). A watch whose connection breaks, or
+// that could not be made, is made again (at most once in 100 ms; a server
+// that refuses pub/sub is not asked again); each new watch is followed by
+// a look, as the first is.
 bool look_until(const remote_directory::impl& d, std::string_view name,
                 std::chrono::steady_clock::time_point until,
                 absl::FunctionRef<std::chrono::milliseconds()> next_due,
                 absl::FunctionRef<bool()> look) {
   using std::chrono::milliseconds;
+  using clock = std::chrono::steady_clock;
   std::unique_ptr<remote_detail::directory_watch> watch;
-  bool watched = false;
+  bool refused = false;  // pub/sub refused: poll
+  // When a watch may be made (again): at the first look that finds nothing.
+  clock::time_point next_watch = clock::time_point::min();
   auto backoff = milliseconds(1);
   for (;;) {
     if (look()) return true;
-    const auto now = std::chrono::steady_clock::now();
+    const auto now = clock::now();
     if (now >= until) return false;
     // Rounded up: a pause of 0 would spin.
     const auto left = std::chrono::ceil<milliseconds>(until - now);
-    if (!watched) {
-      watch = watch_of(d, name, left);
-      watched = true;
-      continue;
+    if (watch != nullptr && watch->broken()) {
+      watch.reset();  // nothing comes on it any more: watch again
+      backoff = milliseconds(1);
+    }
+    if (watch == nullptr && !refused && now >= next_watch) {
+      // However this one ends, the next comes no sooner than 100 ms (or a
+      // recheck, when shorter): a server that closes every subscription
+      // at once is not asked in a loop.
+      next_watch = now + std::min(d.options.recheck, milliseconds(100));
+      absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> w = watch_of(d, name, left);
+      if (w.ok()) {
+        watch = *std::move(w);
+      } else {
+        refused = w.status().code() == absl::StatusCode::kFailedPrecondition;
+      }
+      continue;  // look again: a change before the subscription is seen
     }
     const milliseconds pause =
         std::min({watch != nullptr ? d.options.recheck : backoff, left, next_due()});
@@ -349,25 +332,27 @@ namespace {
 // Deletes KEYS[1] only while it holds ARGV[1], in one step on the server,
 // and says so on its channel: 1 when deleted, 0 when it held nothing, -1
 // when it holds another value.
-constexpr std::string_view withdraw_if_holds = R"(local v = redis.call('GET', KEYS[1])
+constexpr remote_detail::lua_script withdraw_if_holds{R"(local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if v == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.pcall('PUBLISH', KEYS[1], 'withdrawn')
   return 1
 end
-return -1)";
+return -1)",
+                                                      1};
 
 // Deletes KEYS[1] and, when it held something, says so on its channel: the
 // keys deleted.
-constexpr std::string_view withdraw_and_publish = R"(local n = redis.call('DEL', KEYS[1])
+constexpr remote_detail::lua_script withdraw_and_publish{R"(local n = redis.call('DEL', KEYS[1])
 if n > 0 then redis.pcall('PUBLISH', KEYS[1], 'withdrawn') end
-return n)";
+return n)",
+                                                         2};
 
 absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,
                             const std::string& bytes) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
-  absl::StatusOr<reply_ptr> r = d.command({"EVAL", withdraw_if_holds, "1", d.key(name), bytes});
+  absl::StatusOr<reply_ptr> r = d.store.run(withdraw_if_holds, {"1", d.key(name), bytes});
   if (!r.ok()) return r.status();
   const redisReply& reply = **r;
   if (reply.type != REDIS_REPLY_INTEGER)
@@ -442,8 +427,7 @@ absl::Status remote_directory::withdraw(std::string_view name, const remote_bund
 
 absl::Status remote_directory::withdraw(std::string_view name) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
-  absl::StatusOr<reply_ptr> r =
-      impl_->command({"EVAL", withdraw_and_publish, "1", impl_->key(name)});
+  absl::StatusOr<reply_ptr> r = impl_->store.run(withdraw_and_publish, {"1", impl_->key(name)});
   if (!r.ok()) return r.status();
   if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) return nothing_under(name);
   return absl::OkStatus();

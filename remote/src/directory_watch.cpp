@@ -4,7 +4,6 @@
 #include <sys/time.h>
 
 #include <algorithm>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -82,11 +81,7 @@ bool directory_watch::drain() {
 }
 
 void directory_watch::changed(std::chrono::milliseconds wait) {
-  if (broken_) {
-    std::this_thread::sleep_for(wait);
-    return;
-  }
-  if (drain()) return;
+  if (broken_ || drain()) return;
   pollfd p{context_->fd, POLLIN, 0};
   // At most a day a call: the count fits poll's int.
   const auto ms = std::min<std::chrono::milliseconds::rep>(wait.count(), 86400000);

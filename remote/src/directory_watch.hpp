@@ -44,8 +44,11 @@ class directory_watch {
 
   // Returns when a message came on the channel, `wait` has passed, or the
   // connection broke: the caller looks again in every case. A broken watch
-  // stays broken, and sleeps out each wait.
+  // returns at once.
   void changed(std::chrono::milliseconds wait);
+  // The connection broke (closed, failed, or sent bytes that are no
+  // reply): nothing more comes on it, and the caller subscribes again.
+  bool broken() const noexcept { return broken_; }
 
  private:
   explicit directory_watch(redisContext* c) noexcept : context_(c) {}

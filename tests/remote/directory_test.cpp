@@ -105,6 +105,39 @@ class redis_server {
   std::unique_ptr<testing::peer_process> process_;
 };
 
+// The subscribers to `channel` on the server at `port`: -1 when it cannot
+// be asked. On any thread (no assertions).
+long long subscribers_of(std::uint16_t port, const std::string& channel) {
+  long long n = -1;
+  if (redisContext* c = redisConnect("127.0.0.1", port); c != nullptr) {
+    auto* r = static_cast<redisReply*>(
+        redisCommand(c, "PUBSUB NUMSUB %b", channel.data(), channel.size()));
+    if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+        r->element[1]->type == REDIS_REPLY_INTEGER) {
+      n = r->element[1]->integer;
+    }
+    if (r != nullptr) freeReplyObject(r);
+    redisFree(c);
+  }
+  return n;
+}
+
+// How often the server at `port` ran `command` ("evalsha", "script|load"),
+// from INFO commandstats: 0 when it never did.
+long long calls_of(std::uint16_t port, const std::string& command) {
+  redisContext* c = redisConnect("127.0.0.1", port);
+  REQUIRE(c != nullptr);
+  auto* r = static_cast<redisReply*>(redisCommand(c, "INFO commandstats"));
+  REQUIRE(r != nullptr);
+  REQUIRE(r->type == REDIS_REPLY_STRING);
+  const std::string info(r->str, r->len);
+  freeReplyObject(r);
+  redisFree(c);
+  const std::string line = "cmdstat_" + command + ":calls=";
+  const std::size_t at = info.find(line);
+  return at == std::string::npos ? 0 : std::atoll(info.c_str() + at + line.size());
+}
+
 std::unique_ptr<remote_directory> directory_at(const redis_server& server) {
   absl::StatusOr<std::unique_ptr<remote_directory>> d = remote_directory::connect(server.options());
   INFO(d.status().ToString());
@@ -234,17 +267,7 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
                    const std::function<absl::Status(remote_directory&)>& step) {
     return std::thread([&, name, step] {
       std::this_thread::sleep_for(200ms);
-      if (redisContext* c = redisConnect("127.0.0.1", server.port()); c != nullptr) {
-        const std::string channel = "dlasync:" + name;
-        auto* r = static_cast<redisReply*>(
-            redisCommand(c, "PUBSUB NUMSUB %b", channel.data(), channel.size()));
-        if (r != nullptr && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-            r->element[1]->type == REDIS_REPLY_INTEGER) {
-          subscribers = r->element[1]->integer;
-        }
-        if (r != nullptr) freeReplyObject(r);
-        redisFree(c);
-      }
+      subscribers = subscribers_of(server.port(), "dlasync:" + name);
       absl::StatusOr<std::unique_ptr<remote_directory>> writer =
           remote_directory::connect(server.options());
       done = writer.ok() ? step(**writer) : writer.status();
@@ -312,6 +335,110 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
   absl::StatusOr<std::unique_ptr<remote_directory>> bad = remote_directory::connect(quick);
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
   REQUIRE_THAT(std::string(bad.status().message()), Catch::Contains("recheck"));
+}
+
+TEST_CASE("the directory's scripts go by their digest, loaded again when the server loses them",
+          "[remote][directory]") {
+  // Before: every put and withdrawal sent its script whole (EVAL).
+  redis_server server;
+  auto dir = directory_at(server);
+  remote_descriptor d;
+  d.lease_id = 9;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = 9;
+  d.type = dtypes::uint8;
+  d.shape = {4};
+  d.region_bytes = 4;
+  d.data = d.region_begin = 0x1000;
+  // Each of the three scripts, loaded once, then sent by its digest.
+  REQUIRE(dir->put("a", d, 30s).ok());
+  REQUIRE(dir->put("b", d, 30s).ok());
+  REQUIRE(dir->put("b", d, 30s).code() == absl::StatusCode::kAlreadyExists);
+  REQUIRE(dir->withdraw("a", d).ok());
+  REQUIRE(dir->withdraw("b").ok());
+  REQUIRE(dir->withdraw("b").code() == absl::StatusCode::kNotFound);
+  CHECK(calls_of(server.port(), "script|load") == 3);
+  CHECK(calls_of(server.port(), "evalsha") == 6);
+  CHECK(calls_of(server.port(), "eval") == 0);
+  // The server loses them (as a restart does): each is loaded again, once.
+  server.raw({"SCRIPT", "FLUSH"});
+  REQUIRE(dir->put("c", d, 30s).ok());
+  REQUIRE(dir->put("e", d, 30s).ok());
+  CHECK(calls_of(server.port(), "script|load") == 4);
+  CHECK(calls_of(server.port(), "eval") == 0);
+  REQUIRE(std::holds_alternative<remote_descriptor>(*dir->find("c")));
+  REQUIRE(dir->withdraw("c", d).ok());
+  CHECK(calls_of(server.port(), "script|load") == 5);
+  // A server that will not load scripts (an ACL) is sent them whole.
+  server.raw({"ACL", "SETUSER", "default", "-script|load"});
+  auto refused = directory_at(server);
+  REQUIRE(refused->put("f", d, 30s).ok());
+  REQUIRE(refused->withdraw("f", d).ok());
+  REQUIRE(refused->find("f").status().code() == absl::StatusCode::kNotFound);
+  CHECK(calls_of(server.port(), "eval") == 2);
+  CHECK(calls_of(server.port(), "script|load") == 5);
+}
+
+TEST_CASE("a wait whose subscription breaks subscribes again, and still wakes at the put",
+          "[remote][directory]") {
+  // Before: a watch whose connection broke (the server closed it, as
+  // CLIENT KILL does, or a proxy's idle timeout) stayed broken, so the wait
+  // woke only at its next recheck.
+  redis_server server;
+  remote_directory_options slow = server.options();
+  slow.recheck = 60s;  // each wait below ends long before an unprompted look
+  absl::StatusOr<std::unique_ptr<remote_directory>> watched = remote_directory::connect(slow);
+  REQUIRE(watched.ok());
+  remote_descriptor d;
+  d.lease_id = 8;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = 9;
+  d.type = dtypes::uint8;
+  d.shape = {4};
+  d.region_bytes = 4;
+  d.data = d.region_begin = 0x1000;
+  // The subscription, cut twice: each time the wait subscribes again
+  // (seen by the server), then the name is put. Off this thread, its
+  // findings checked after the join.
+  int cuts = 0;
+  int resubscribed = 0;
+  absl::Status put = absl::UnknownError("not run");
+  std::thread writer([&] {
+    const auto subscribed = [&] { return subscribers_of(server.port(), "dlasync:cut") == 1; };
+    const auto within = [](const std::function<bool()>& f) {
+      const auto until = std::chrono::steady_clock::now() + 5s;
+      while (!f()) {
+        if (std::chrono::steady_clock::now() > until) return false;
+        std::this_thread::sleep_for(10ms);
+      }
+      return true;
+    };
+    if (!within(subscribed)) return;
+    for (int i = 0; i < 2; ++i) {
+      redisContext* c = redisConnect("127.0.0.1", server.port());
+      if (c == nullptr) return;
+      auto* r = static_cast<redisReply*>(redisCommand(c, "CLIENT KILL TYPE pubsub"));
+      if (r != nullptr && r->type == REDIS_REPLY_INTEGER && r->integer == 1) ++cuts;
+      if (r != nullptr) freeReplyObject(r);
+      redisFree(c);
+      std::this_thread::sleep_for(50ms);
+      if (within(subscribed)) ++resubscribed;
+    }
+    absl::StatusOr<std::unique_ptr<remote_directory>> w =
+        remote_directory::connect(server.options());
+    put = w.ok() ? (*w)->put("cut", d, 30s) : w.status();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<remote_entry> found = (*watched)->wait_for("cut", 15s);
+  const auto took = std::chrono::steady_clock::now() - start;
+  writer.join();
+  CHECK(cuts == 2);
+  CHECK(resubscribed == 2);
+  REQUIRE(put.ok());
+  INFO(found.status().ToString());
+  REQUIRE(found.ok());
+  CHECK(std::get<remote_descriptor>(*found).encode() == d.encode());
+  CHECK(took < 10s);
 }
 
 TEST_CASE("named imports wait together, and a withdrawal never queues behind a wait",

@@ -1,0 +1,96 @@
+#include "remote/src/directory_store.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "remote/src/directory_watch.hpp"
+
+namespace dlasync::remote_detail {
+namespace {
+
+// A digest as SCRIPT LOAD gives it: 40 hex digits. Anything else (the
+// store is untrusted) is not sent back.
+bool is_digest(const redisReply& r) {
+  if (r.type != REDIS_REPLY_STRING || r.len != 40) return false;
+  return std::all_of(r.str, r.str + r.len,
+                     [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); });
+}
+
+}  // namespace
+
+redis_store::~redis_store() {
+  if (context_ != nullptr) redisFree(context_);
+}
+
+absl::Status redis_store::connect() {
+  std::lock_guard lock(mutex_);
+  return connect_locked();
+}
+
+absl::Status redis_store::connect_locked() {
+  if (context_ != nullptr) return absl::OkStatus();
+  absl::StatusOr<redisContext*> c = connect_redis(options_);
+  if (!c.ok()) return c.status();
+  context_ = *c;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<reply_ptr> redis_store::command(const std::vector<std::string_view>& args) {
+  std::lock_guard lock(mutex_);
+  return command_locked(args);
+}
+
+absl::StatusOr<reply_ptr> redis_store::command_locked(const std::vector<std::string_view>& args) {
+  if (absl::Status s = connect_locked(); !s.ok()) return s;
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lengths;
+  for (std::string_view a : args) {
+    argv.push_back(a.data());
+    lengths.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(
+      redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data()));
+  if (r == nullptr) {
+    absl::Status lost = unreachable(options_, context_->errstr);
+    redisFree(std::exchange(context_, nullptr));  // the next command reconnects
+    return lost;
+  }
+  return reply_ptr(r);
+}
+
+absl::StatusOr<reply_ptr> redis_store::run(const lua_script& script,
+                                           const std::vector<std::string_view>& keys_and_args) {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string_view> args;
+  args.reserve(keys_and_args.size() + 2);
+  std::string& digest = digests_[script.slot];
+  // Twice at most: a digest the server lost is loaded again once.
+  for (int attempt = 0; attempt < 2 && !load_refused_; ++attempt) {
+    if (digest.empty()) {
+      absl::StatusOr<reply_ptr> loaded = command_locked({"SCRIPT", "LOAD", script.text});
+      if (!loaded.ok()) return loaded.status();
+      if (!is_digest(**loaded)) {
+        load_refused_ = true;  // refused (an ACL?): every script goes whole
+        break;
+      }
+      digest.assign((*loaded)->str, (*loaded)->len);
+    }
+    args.assign({"EVALSHA", digest});
+    args.insert(args.end(), keys_and_args.begin(), keys_and_args.end());
+    absl::StatusOr<reply_ptr> r = command_locked(args);
+    if (!r.ok()) return r.status();
+    const redisReply& reply = **r;
+    const bool lost = reply.type == REDIS_REPLY_ERROR &&
+                      absl::StartsWith(absl::string_view(reply.str, reply.len), "NOSCRIPT");
+    if (!lost) return r;
+    digest.clear();  // restarted, or flushed: load it again
+  }
+  args.assign({"EVAL", script.text});
+  args.insert(args.end(), keys_and_args.begin(), keys_and_args.end());
+  return command_locked(args);
+}
+
+}  // namespace dlasync::remote_detail
