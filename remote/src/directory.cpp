@@ -1,10 +1,11 @@
 // Names for publications, in Redis (dlasync/remote_directory.hpp), through
 // hiredis's blocking client: one connection a directory, one command at a
 // time, each bounded by io_timeout, scripts by their digest
-// (directory_store.hpp). A wait that finds nothing at first
-// subscribes to the name's channel on a connection of its own
-// (directory_watch.hpp), on which puts and withdrawals publish; an
-// awaitable import's wait blocks a thread of its own (directory_waits.hpp).
+// (directory_store.hpp). Every wait of a directory (wait_for,
+// wait_withdrawn, import_remote_named) is a look and an end on the
+// directory's wait loop, one thread and one subscription to the channels of
+// the names waited for, on which puts and withdrawals publish
+// (directory_waits.hpp).
 // A name put while published is withdrawn by a job on the directory's
 // thread that the publication's end queues, if the directory is still there.
 #include "dlasync/remote_directory.hpp"
@@ -12,24 +13,23 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "asio/associated_executor.hpp"
 #include "asio/async_result.hpp"
-#include "asio/execution/outstanding_work.hpp"
 #include "asio/post.hpp"
-#include "asio/prefer.hpp"
 #include "asio/thread_pool.hpp"
 #include "asio/use_awaitable.hpp"
+#include "dlasync/detail/import_initiation.hpp"
 #include "remote/src/directory_store.hpp"
 #include "remote/src/directory_waits.hpp"
-#include "remote/src/directory_watch.hpp"
 
 namespace dlasync {
 namespace {
@@ -69,9 +69,10 @@ absl::Status nothing_under(std::string_view name) {
 
 class remote_directory::impl {
  public:
-  explicit impl(remote_directory_options o) : options(std::move(o)), store(options) {}
+  explicit impl(remote_directory_options o)
+      : options(std::move(o)), store(options), waits(options, remote_directory::max_waits) {}
   ~impl() {
-    waits.join();
+    waits.stop();
     pool.join();
   }
 
@@ -83,10 +84,11 @@ class remote_directory::impl {
 
   const remote_directory_options options;
   remote_detail::redis_store store;
+  // Every wait, on one thread and one subscription; its looks use the
+  // store, so it goes first.
+  remote_detail::directory_waits waits;
   // Where put_while_published's withdrawals run, off the runtime's threads.
   asio::thread_pool pool{1};
-  // Where the awaitable imports wait, each on a thread of its own.
-  remote_detail::wait_threads waits{remote_directory::max_waits};
 };
 
 absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
@@ -113,10 +115,10 @@ absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
 remote_directory::remote_directory(std::shared_ptr<impl> impl) noexcept : impl_(std::move(impl)) {}
 
 remote_directory::~remote_directory() {
-  // The waits under way end here (each bounded by its wait), and the
-  // withdrawals queued (each bounded by io_timeout); those queued later find
-  // the thread gone, and the directory with it.
-  impl_->waits.join();
+  // The waits under way end here (Cancelled), and the withdrawals queued
+  // run (each bounded by io_timeout); those queued later find the thread
+  // gone, and the directory with it.
+  impl_->waits.stop();
   impl_->pool.join();
 }
 
@@ -169,26 +171,28 @@ absl::Status remote_directory::put(std::string_view name, const remote_bundle& b
   return put_bytes(*impl_, name, bundle.encode(), ttl);
 }
 
-absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
+namespace {
+
+absl::StatusOr<remote_entry> find_in(remote_directory::impl& d, std::string_view name) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
-  const std::string key = impl_->key(name);
+  const std::string key = d.key(name);
   // At most one byte past the bound: an honest server sends no more.
-  const std::string last = std::to_string(max_entry_bytes);
-  absl::StatusOr<reply_ptr> r = impl_->command({"GETRANGE", key, "0", last});
+  const std::string last = std::to_string(remote_directory::max_entry_bytes);
+  absl::StatusOr<reply_ptr> r = d.command({"GETRANGE", key, "0", last});
   if (!r.ok()) return r.status();
   const redisReply& reply = **r;
   if (reply.type != REDIS_REPLY_STRING) {
     return no_entry_string(name, reply, "something else wrote that key");
   }
-  if (reply.len > max_entry_bytes) {
-    return absl::OutOfRangeError(absl::StrCat("the directory's entry under \"", av(name),
-                                              "\" is longer than the ", max_entry_bytes,
-                                              " bytes an entry may have"));
+  if (reply.len > remote_directory::max_entry_bytes) {
+    return absl::OutOfRangeError(
+        absl::StrCat("the directory's entry under \"", av(name), "\" is longer than the ",
+                     remote_directory::max_entry_bytes, " bytes an entry may have"));
   }
   const std::string_view bytes(reply.str, reply.len);
   if (bytes.empty()) {
     // GETRANGE gives nothing for a missing key, and for an empty string.
-    absl::StatusOr<reply_ptr> e = impl_->command({"EXISTS", key});
+    absl::StatusOr<reply_ptr> e = d.command({"EXISTS", key});
     if (!e.ok()) return e.status();
     if ((*e)->type == REDIS_REPLY_INTEGER && (*e)->integer == 0) {
       return absl::NotFoundError(absl::StrCat("the directory holds nothing under \"", av(name),
@@ -202,129 +206,103 @@ absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
     if (!b.ok()) return b.status();
     return remote_entry(*std::move(b));
   }
-  absl::StatusOr<remote_descriptor> d = remote_descriptor::decode(bytes);
-  if (!d.ok()) return d.status();
-  return remote_entry(*std::move(d));
+  absl::StatusOr<remote_descriptor> one = remote_descriptor::decode(bytes);
+  if (!one.ok()) return one.status();
+  return remote_entry(*std::move(one));
 }
 
-namespace {
+using wait_clock = remote_detail::directory_waits::clock;
 
-// A watch of `name`'s channel, opened within `wait` (and io_timeout):
-// Unavailable where the server cannot be reached in time (the wait polls,
-// and tries again later), FailedPrecondition where it refuses pub/sub (the
-// wait polls).
-absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> watch_of(
-    const remote_directory::impl& d, std::string_view name, std::chrono::milliseconds wait) {
-  remote_directory_options o = d.options;
-  o.io_timeout = std::min(o.io_timeout, wait);
-  return remote_detail::directory_watch::open(o, d.key(name));
+// `wait` from now; the end of time for a wait too long to add.
+wait_clock::time_point deadline_after(std::chrono::milliseconds wait) {
+  const auto now = wait_clock::now();
+  if (wait.count() <= 0) return now;
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(wait_clock::time_point::max() - now);
+  return wait >= room ? wait_clock::time_point::max() : now + wait;
 }
 
-// Calls `look` until it says true or `until` has passed (false then). Only
-// once the first look says false does it watch `name` (watch_of, within the
-// time left), and looks at once again, so a change between the first look
-// and the subscription is seen. Then again when the watch sees the name
-// change, after the directory's recheck, or when `next_due()` has passed,
-// whichever comes first; without a watch, every 1 ms at first and every
-// 50 ms at most (or at next_due()). A watch whose connection breaks, or
-// that could not be made, is made again (at most once in 100 ms; a server
-// that refuses pub/sub is not asked again); each new watch is followed by
-// a look, as the first is.
-bool look_until(const remote_directory::impl& d, std::string_view name,
-                std::chrono::steady_clock::time_point until,
-                absl::FunctionRef<std::chrono::milliseconds()> next_due,
-                absl::FunctionRef<bool()> look) {
-  using std::chrono::milliseconds;
-  using clock = std::chrono::steady_clock;
-  std::unique_ptr<remote_detail::directory_watch> watch;
-  bool refused = false;  // pub/sub refused: poll
-  // When a watch may be made (again): at the first look that finds nothing.
-  clock::time_point next_watch = clock::time_point::min();
-  auto backoff = milliseconds(1);
-  for (;;) {
-    if (look()) return true;
-    const auto now = clock::now();
-    if (now >= until) return false;
-    // Rounded up: a pause of 0 would spin.
-    const auto left = std::chrono::ceil<milliseconds>(until - now);
-    if (watch != nullptr && watch->broken()) {
-      watch.reset();  // nothing comes on it any more: watch again
-      backoff = milliseconds(1);
-    }
-    if (watch == nullptr && !refused && now >= next_watch) {
-      // However this one ends, the next comes no sooner than 100 ms (or a
-      // recheck, when shorter): a server that closes every subscription
-      // at once is not asked in a loop.
-      next_watch = now + std::min(d.options.recheck, milliseconds(100));
-      absl::StatusOr<std::unique_ptr<remote_detail::directory_watch>> w = watch_of(d, name, left);
-      if (w.ok()) {
-        watch = *std::move(w);
-      } else {
-        refused = w.status().code() == absl::StatusCode::kFailedPrecondition;
-      }
-      continue;  // look again: a change before the subscription is seen
-    }
-    const milliseconds pause =
-        std::min({watch != nullptr ? d.options.recheck : backoff, left, next_due()});
-    if (watch != nullptr) {
-      watch->changed(pause);
-    } else {
-      std::this_thread::sleep_for(pause);
-      backoff = std::min(backoff * 2, milliseconds(50));
-    }
+using entry_fn = absl::AnyInvocable<void(absl::StatusOr<remote_entry>) &&>;
+
+// Adds a wait (directory_waits) for `name` to hold an entry, for `wait`:
+// `done` is told once, with the entry, or the directory's error
+// (DeadlineExceeded, Cancelled, ResourceExhausted, Unavailable, what find
+// refuses). Its id, or 0 when refused at once.
+std::uint64_t await_entry(remote_directory::impl& d, const std::string& name,
+                          std::chrono::milliseconds wait, entry_fn done) {
+  if (absl::Status s = check_name(name); !s.ok()) {
+    std::move(done)(std::move(s));
+    return 0;
   }
+  // Shared by the look and the end, both on the loop's thread.
+  auto found = std::make_shared<absl::StatusOr<remote_entry>>(absl::NotFoundError(""));
+  std::string key = d.key(name);
+  return d.waits.add(
+      std::move(key), deadline_after(wait),
+      [&d, name, found](wait_clock::time_point&) {
+        *found = find_in(d, name);
+        return found->ok() || found->status().code() != absl::StatusCode::kNotFound;
+      },
+      [found, name, wait, done = std::move(done)](absl::Status why) mutable {
+        if (why.ok()) return std::move(done)(std::move(*found));
+        if (why.code() == absl::StatusCode::kDeadlineExceeded) {
+          why = absl::DeadlineExceededError(absl::StrCat(
+              "nothing appeared under \"", name, "\" in the directory within ", wait.count(),
+              " ms; the exporter has not published it yet, or under another name"));
+        }
+        std::move(done)(std::move(why));
+      });
 }
-
-constexpr std::chrono::milliseconds no_due = std::chrono::milliseconds::max();
 
 }  // namespace
 
+absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
+  return find_in(*impl_, name);
+}
+
 absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
                                                         std::chrono::milliseconds wait) {
-  // The wait's end, from the call: DeadlineExceeded never comes sooner.
-  // Most waits find the name at the first look: no subscription for them.
-  const auto until = std::chrono::steady_clock::now() + wait;
-  absl::StatusOr<remote_entry> e = absl::NotFoundError("");
-  const bool ended = look_until(
-      *impl_, name, until, [] { return no_due; },
-      [&] {
-        e = find(name);
-        return e.ok() || e.status().code() != absl::StatusCode::kNotFound;
-      });
-  if (ended) return e;
-  return absl::DeadlineExceededError(absl::StrCat(
-      "nothing appeared under \"", av(name), "\" in the directory within ", wait.count(),
-      " ms; the exporter has not published it yet, or under another name"));
+  std::promise<absl::StatusOr<remote_entry>> result;
+  std::future<absl::StatusOr<remote_entry>> told = result.get_future();
+  await_entry(*impl_, std::string(name), wait,
+              [&result](absl::StatusOr<remote_entry> e) { result.set_value(std::move(e)); });
+  return told.get();
 }
 
 absl::Status remote_directory::wait_withdrawn(std::string_view name,
                                               std::chrono::milliseconds wait) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
-  const std::string key = impl_->key(name);
-  absl::Status failed;
-  // When the ttl the server last reported runs out (its lease's end).
-  std::chrono::milliseconds due = no_due;
-  auto gone = [&] {
-    absl::StatusOr<reply_ptr> r = impl_->command({"PTTL", key});
-    if (!r.ok()) {
-      failed = r.status();
-      return true;
-    }
-    // -2: no such key; -1: no ttl (not put by a directory).
-    if ((*r)->type != REDIS_REPLY_INTEGER) return false;
-    if ((*r)->integer == -2) return true;
-    // At most a day: a hostile reply cannot overflow the pause.
-    constexpr long long day_ms = 86400000;
-    due = (*r)->integer >= 0 ? std::chrono::milliseconds(std::min((*r)->integer, day_ms) + 1)
-                             : no_due;
-    return false;
-  };
-  const bool ended = look_until(
-      *impl_, name, std::chrono::steady_clock::now() + wait, [&] { return due; }, gone);
-  if (!failed.ok()) return failed;
-  if (ended) return absl::OkStatus();
-  return absl::DeadlineExceededError(
-      absl::StrCat("\"", av(name), "\" is still in the directory after ", wait.count(), " ms"));
+  auto failed = std::make_shared<absl::Status>();
+  std::promise<absl::Status> result;
+  std::future<absl::Status> told = result.get_future();
+  std::string key = impl_->key(name);
+  impl_->waits.add(
+      key, deadline_after(wait),
+      [d = impl_.get(), key, failed](wait_clock::time_point& due) {
+        absl::StatusOr<reply_ptr> r = d->command({"PTTL", key});
+        if (!r.ok()) {
+          *failed = r.status();
+          return true;
+        }
+        // -2: no such key; -1: no ttl (not put by a directory).
+        if ((*r)->type != REDIS_REPLY_INTEGER) return false;
+        if ((*r)->integer == -2) return true;
+        // When the ttl runs out (its lease's end), which publishes nothing;
+        // at most a day: a hostile reply cannot overflow the time.
+        constexpr long long day_ms = 86400000;
+        if ((*r)->integer >= 0) {
+          due = wait_clock::now() + std::chrono::milliseconds(std::min((*r)->integer, day_ms) + 1);
+        }
+        return false;
+      },
+      [&result, failed, name = std::string(name), wait](absl::Status why) {
+        if (why.code() == absl::StatusCode::kDeadlineExceeded) {
+          why = absl::DeadlineExceededError(
+              absl::StrCat("\"", name, "\" is still in the directory after ", wait.count(), " ms"));
+        }
+        result.set_value(why.ok() ? *failed : why);
+      });
+  return told.get();
 }
 
 namespace {
@@ -434,30 +412,56 @@ absl::Status remote_directory::withdraw(std::string_view name) {
 }
 
 #if defined(ASIO_HAS_CO_AWAIT)
+namespace {
+
+// One named import's wait, as detail::launch starts it and cancels it
+// (through the handler's cancellation slot).
+struct named_wait {
+  std::weak_ptr<remote_directory::impl> directory;
+  std::string name;
+  std::chrono::milliseconds wait;
+  std::mutex mutex;
+  std::uint64_t id = 0;    // guarded by mutex
+  bool cancelled = false;  // guarded by mutex
+};
+
+void start(const std::shared_ptr<named_wait>& op, entry_fn done) {
+  std::shared_ptr<remote_directory::impl> d = op->directory.lock();
+  if (d == nullptr) {
+    std::move(done)(absl::CancelledError("the directory was destroyed before the wait began"));
+    return;
+  }
+  const std::uint64_t id = await_entry(*d, op->name, op->wait, std::move(done));
+  std::lock_guard lock(op->mutex);
+  op->id = id;
+  if (op->cancelled) d->waits.cancel(id);
+}
+
+void cancel(named_wait& op) {
+  std::lock_guard lock(op.mutex);
+  op.cancelled = true;
+  if (op.id == 0) return;  // start cancels it
+  if (std::shared_ptr<remote_directory::impl> d = op.directory.lock()) d->waits.cancel(op.id);
+}
+
+}  // namespace
+
 asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
     remote_node& node, remote_directory& directory, std::string name,
     std::chrono::milliseconds wait, remote_import_options options) {
-  // The wait blocks a thread of its own, never the runtime's, nor another
-  // wait's; its result comes back on the coroutine's executor.
+  // The wait is the directory's loop's, never a thread of the runtime's;
+  // its result comes back on the coroutine's executor, and the coroutine's
+  // cancellation (terminal or partial) ends it.
+  auto op = std::make_shared<named_wait>();
+  op->directory = directory.get_impl();
+  op->name = std::move(name);
+  op->wait = wait;
   absl::StatusOr<remote_entry> entry =
       co_await asio::async_initiate<const asio::use_awaitable_t<>&,
                                     void(absl::StatusOr<remote_entry>)>(
-          [&directory, &name, wait](auto handler) {
-            auto ex = asio::prefer(asio::get_associated_executor(handler),
-                                   asio::execution::outstanding_work.tracked);
-            directory.get_impl().waits.run(
-                [&directory, name, wait, ex, handler = std::move(handler)](
-                    absl::Status admitted) mutable -> remote_detail::wait_threads::then_fn {
-                  absl::StatusOr<remote_entry> found =
-                      admitted.ok() ? directory.wait_for(name, wait) : std::move(admitted);
-                  // Posted once the wait's thread is free (wait_threads).
-                  return [ex, handler = std::move(handler), found = std::move(found)]() mutable {
-                    asio::post(ex,
-                               [handler = std::move(handler), found = std::move(found)]() mutable {
-                                 std::move(handler)(std::move(found));
-                               });
-                  };
-                });
+          [&node, &op](auto handler) {
+            detail::launch<absl::StatusOr<remote_entry>>(std::move(handler), node.get_runtime(),
+                                                         op);
           },
           asio::use_awaitable);
   if (!entry.ok()) co_return entry.status();

@@ -1,15 +1,24 @@
 #include "remote/src/directory_store.hpp"
 
+#include <sys/time.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "remote/src/directory_watch.hpp"
 
 namespace dlasync::remote_detail {
 namespace {
+
+timeval as_timeval(std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  return tv;
+}
 
 // A digest as SCRIPT LOAD gives it: 40 hex digits. Anything else (the
 // store is untrusted) is not sent back.
@@ -20,6 +29,28 @@ bool is_digest(const redisReply& r) {
 }
 
 }  // namespace
+
+absl::Status unreachable(const remote_directory_options& options, std::string_view what) {
+  return absl::UnavailableError(
+      absl::StrCat("the directory's Redis server at ", options.address, " port ", options.port,
+                   " cannot be reached: ", absl::string_view(what.data(), what.size())));
+}
+
+absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& options) {
+  redisContext* c = redisConnectWithTimeout(options.address.c_str(), options.port,
+                                            as_timeval(options.io_timeout));
+  if (c == nullptr) return unreachable(options, "out of memory");
+  if (c->err != 0) {
+    absl::Status s = unreachable(options, c->errstr);
+    redisFree(c);
+    return s;
+  }
+  if (redisSetTimeout(c, as_timeval(options.io_timeout)) != REDIS_OK) {
+    redisFree(c);
+    return unreachable(options, "its timeout cannot be set");
+  }
+  return c;
+}
 
 redis_store::~redis_store() {
   if (context_ != nullptr) redisFree(context_);

@@ -1,5 +1,6 @@
 // `redis_store` (internal): a directory's one connection to its Redis
-// server, through hiredis's blocking client. One command at a time under
+// server for commands (its waits' subscription has another,
+// directory_watch.hpp), through hiredis's blocking client. One command at a time under
 // its lock, each bounded by io_timeout; a connection that broke is made
 // afresh by the next command. Scripts go by their digest (EVALSHA), loaded
 // once (SCRIPT LOAD) and again when the server has lost them (NOSCRIPT:
@@ -23,6 +24,14 @@
 #include "dlasync/remote_directory.hpp"
 
 namespace dlasync::remote_detail {
+
+// Unavailable, naming the directory's server and `what` failed.
+absl::Status unreachable(const remote_directory_options& options, std::string_view what);
+
+// A blocking connection to the directory's server, connecting and every
+// command bounded by options.io_timeout; unreachable's status when it cannot
+// be made. The caller frees it (redisFree).
+absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& options);
 
 struct reply_deleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }

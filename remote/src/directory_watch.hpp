@@ -1,60 +1,65 @@
-// `directory_watch` (internal): a subscription to one name's channel in the
-// directory's Redis server, on a connection of its own (a subscribed
-// connection takes no other commands). Writers publish on the channel of a
-// name's key when they put or withdraw it (directory.cpp), so a wait wakes
-// when the name changes rather than at its next poll. What arrives is only
-// a cue to look again: its contents are never read as an entry. The
-// directory's own connection is made the same way (connect_redis).
+// `directory_watch` (internal): one connection to the directory's Redis
+// server, subscribed to the channels of the names its waits look for (a
+// subscribed connection takes no other commands). Writers publish on the
+// channel of a name's key when they put or withdraw it (directory.cpp), so
+// a wait wakes when its name changes rather than at its next look. What
+// arrives is only a cue to look again: a message's contents are never read
+// as an entry, and a hostile server's words can cost looks, nothing more.
 //
-// Thread safety: none; one waiting thread owns it.
+// Thread safety: none; the directory's wait loop (directory_waits.hpp) owns
+// it.
 #pragma once
 
 #include <hiredis/hiredis.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
-#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "dlasync/remote_directory.hpp"
 
 namespace dlasync::remote_detail {
 
-// Unavailable, naming the directory's server and `what` failed.
-absl::Status unreachable(const remote_directory_options& options, std::string_view what);
-
-// A blocking connection to the directory's server, connecting and every
-// command bounded by options.io_timeout; unreachable's status when it cannot
-// be made. The caller frees it (redisFree).
-absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& options);
-
 class directory_watch {
  public:
-  // Subscribes to `channel`, each step bounded by options.io_timeout.
-  // Unavailable when the server cannot be reached;
-  // FailedPrecondition when it refuses the subscription (a server that
-  // allows no pub/sub): the caller then polls.
+  // Connects, bounded by options.io_timeout: Unavailable when the server
+  // cannot be reached.
   static absl::StatusOr<std::unique_ptr<directory_watch>> open(
-      const remote_directory_options& options, const std::string& channel);
+      const remote_directory_options& options);
 
   directory_watch(const directory_watch&) = delete;
   directory_watch& operator=(const directory_watch&) = delete;
   ~directory_watch();
 
-  // Returns when a message came on the channel, `wait` has passed, or the
-  // connection broke: the caller looks again in every case. A broken watch
-  // returns at once.
-  void changed(std::chrono::milliseconds wait);
-  // The connection broke (closed, failed, or sent bytes that are no
-  // reply): nothing more comes on it, and the caller subscribes again.
+  // The connection's descriptor, to poll for reading.
+  int fd() const noexcept { return context_->fd; }
+
+  // Asks to (un)subscribe to `channel`: written now, each write bounded by
+  // io_timeout; the confirmation comes through read(). A connection that
+  // cannot take it is broken.
+  void subscribe(const std::string& channel);
+  void unsubscribe(const std::string& channel);
+
+  // What read() found.
+  struct heard {
+    // The channels of subscriptions confirmed, and of messages, in order:
+    // each a cue to look at its name.
+    std::vector<std::string> cues;
+    // The server refused a subscription (an error reply: pub/sub not
+    // allowed here).
+    bool refused = false;
+  };
+  // Reads what has arrived (call it when fd() is readable). A connection
+  // that closed, failed, or sent bytes that are no reply is broken.
+  heard read();
+
+  // Nothing more comes on the connection: the caller opens another.
   bool broken() const noexcept { return broken_; }
 
  private:
   explicit directory_watch(redisContext* c) noexcept : context_(c) {}
-  // Frees the replies read already (several may come in one read): true
-  // when there were any, or when the bytes are no reply (broken then).
-  bool drain();
+  void send(const char* command, const std::string& channel);
   redisContext* context_;
   bool broken_ = false;
 };

@@ -9,8 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <memory>
@@ -19,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "asio/bind_cancellation_slot.hpp"
+#include "asio/cancellation_signal.hpp"
 #include "asio/co_spawn.hpp"
 #include "asio/use_future.hpp"
 #include "catch2/catch.hpp"
@@ -136,6 +140,31 @@ long long calls_of(std::uint16_t port, const std::string& command) {
   const std::string line = "cmdstat_" + command + ":calls=";
   const std::size_t at = info.find(line);
   return at == std::string::npos ? 0 : std::atoll(info.c_str() + at + line.size());
+}
+
+// This process's threads, as the kernel counts them.
+int threads_now() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Threads:", 0) == 0) return std::atoi(line.c_str() + 8);
+  }
+  return -1;
+}
+
+// The server's clients that are subscribed (CLIENT LIST TYPE pubsub): -1
+// when it cannot be asked. On any thread (no assertions).
+int subscribed_clients(std::uint16_t port) {
+  int n = -1;
+  if (redisContext* c = redisConnect("127.0.0.1", port); c != nullptr) {
+    auto* r = static_cast<redisReply*>(redisCommand(c, "CLIENT LIST TYPE pubsub"));
+    if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+      const std::string list(r->str, r->len);
+      n = static_cast<int>(std::count(list.begin(), list.end(), '\n'));
+    }
+    if (r != nullptr) freeReplyObject(r);
+    redisFree(c);
+  }
+  return n;
 }
 
 std::unique_ptr<remote_directory> directory_at(const redis_server& server) {
@@ -494,6 +523,74 @@ TEST_CASE("named imports wait together, and a withdrawal never queues behind a w
   }
   REQUIRE(refused == 1);
   REQUIRE(waited == remote_directory::max_waits);
+}
+
+TEST_CASE("a directory's waits share one thread and one subscription, and end when cancelled",
+          "[remote][directory]") {
+  // Before: each named import's wait took a thread of its own and opened a
+  // connection of its own for its subscription, and could not be cancelled.
+  redis_server server;
+  auto dir = directory_at(server);
+  node_pair nodes;
+  const int threads_before = threads_now();
+  constexpr int names = 64;
+  std::vector<asio::cancellation_signal> signals(names);
+  std::vector<std::future<absl::StatusOr<std::vector<tensor>>>> waits;
+  for (int i = 0; i < names; ++i) {
+    waits.push_back(
+        asio::co_spawn(nodes.in().get_executor(),
+                       import_remote_named(nodes.in(), *dir, "n" + std::to_string(i), 30s),
+                       asio::bind_cancellation_slot(signals[static_cast<std::size_t>(i)].slot(),
+                                                    asio::use_future)));
+  }
+  // Every name's channel subscribed, on one connection.
+  REQUIRE(testing::eventually([&] {
+    for (int i = 0; i < names; ++i) {
+      if (subscribers_of(server.port(), "dlasync:n" + std::to_string(i)) != 1) return false;
+    }
+    return true;
+  }));
+  CHECK(subscribed_clients(server.port()) == 1);
+  // One thread for them all (the directory's loop), not one each.
+  const int threads_waiting = threads_now();
+  INFO("threads before " << threads_before << ", while " << names << " wait " << threads_waiting);
+  CHECK(threads_waiting - threads_before <= 1);
+  // A name put: its wait ends with its tensor, the others wait on.
+  publish_options lease;
+  lease.lease = 30s;
+  auto p = publish_here(nodes.out(), "contiguous", {64}, lease, 13);
+  auto start = std::chrono::steady_clock::now();
+  REQUIRE(dir->put_while_published(nodes.out(), "n5", p->descriptor, lease.lease).ok());
+  REQUIRE(waits[5].wait_for(10s) == std::future_status::ready);
+  absl::StatusOr<std::vector<tensor>> got = waits[5].get();
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  check_bytes(got->front(), "contiguous", {64}, dtypes::float32, 13);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  // A wait cancelled (terminal): Cancelled at once, the others wait on.
+  start = std::chrono::steady_clock::now();
+  signals[7].emit(asio::cancellation_type::terminal);
+  REQUIRE(waits[7].wait_for(10s) == std::future_status::ready);
+  CHECK(waits[7].get().status().code() == absl::StatusCode::kCancelled);
+  CHECK(std::chrono::steady_clock::now() - start < 2s);
+  CHECK(waits[8].wait_for(100ms) == std::future_status::timeout);
+  REQUIRE(testing::eventually(
+      [&] { return subscribers_of(server.port(), "dlasync:n7") == 0; }));  // no one waits
+  // The directory destroyed: the waits still under way end with Cancelled,
+  // at once rather than at their deadline.
+  start = std::chrono::steady_clock::now();
+  dir.reset();
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  for (int i = 0; i < names; ++i) {
+    if (i == 5 || i == 7) continue;
+    INFO("wait " << i);
+    REQUIRE(waits[static_cast<std::size_t>(i)].wait_for(10s) == std::future_status::ready);
+    absl::StatusOr<std::vector<tensor>> r = waits[static_cast<std::size_t>(i)].get();
+    CHECK(r.status().code() == absl::StatusCode::kCancelled);
+    CHECK_THAT(std::string(r.status().message()), Catch::Contains("destroyed"));
+  }
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
 }
 
 TEST_CASE("a name put while published goes when its publication ends, long before its ttl",

@@ -31,11 +31,12 @@
 //
 // Thread safety: all members are safe to call from any thread; each call
 // blocks its thread for at most its command's timeout (io_timeout), or the
-// wait it is given. The awaitable import waits on a thread of its own (at
-// most max_waits at once), and put_while_published's withdrawals on the
-// directory's own thread: never on the runtime's, and never one behind
-// another's wait. The destructor waits for the waits under way and the
-// withdrawals already queued.
+// wait it is given. Every wait of a directory (wait_for, wait_withdrawn,
+// import_remote_named; at most max_waits at once) is served by one thread
+// and one subscription of the directory's, never by the runtime's threads,
+// and put_while_published's withdrawals run on another thread of the
+// directory's, never behind a wait. The destructor ends the waits under way
+// (Cancelled) and runs the withdrawals already queued.
 #pragma once
 
 #include <chrono>
@@ -78,10 +79,10 @@ class remote_directory {
   static constexpr std::size_t max_entry_bytes = std::size_t{16} << 20;
   // The longest name.
   static constexpr std::size_t max_name_bytes = 512;
-  // The most awaitable imports (import_remote_named) that wait at once on
-  // one directory, each with a thread of its own; one more is refused with
+  // The most waits (wait_for, wait_withdrawn, import_remote_named) under
+  // way at once on one directory; one more is refused with
   // ResourceExhausted.
-  static constexpr std::size_t max_waits = 256;
+  static constexpr std::size_t max_waits = 1024;
 
   // Connects to the server. InvalidArgument for an empty address, or an
   // io_timeout or recheck not above 0; Unavailable when the server cannot be reached
@@ -110,10 +111,11 @@ class remote_directory {
 
   // find, until the name holds an entry or `wait` has passed:
   // DeadlineExceeded then. It looks again when a put or a withdrawal is
-  // published on the name's channel (a subscription on a connection of
-  // its own, made only when the first look finds nothing), and every
-  // options().recheck; where the server refuses the subscription, every
-  // 1 ms at first and every 50 ms at most.
+  // published on the name's channel (the directory's subscription to it,
+  // made when a first look finds nothing, and made again when its
+  // connection breaks), and every options().recheck; where no subscription
+  // can be had, every 1 ms at first and every 50 ms at most.
+  // ResourceExhausted when max_waits wait already.
   absl::StatusOr<remote_entry> wait_for(std::string_view name, std::chrono::milliseconds wait);
 
   // Until `name` holds nothing: withdrawn (seen when it is published, as
@@ -147,9 +149,9 @@ class remote_directory {
 
   const remote_directory_options& options() const noexcept;
 
-  // Internal: the thread the awaitable import waits on.
+  // Internal: what the awaitable import waits with.
   class impl;
-  impl& get_impl() noexcept { return *impl_; }
+  std::shared_ptr<impl> get_impl() const noexcept { return impl_; }
 
  private:
   explicit remote_directory(std::shared_ptr<impl> impl) noexcept;
@@ -159,12 +161,15 @@ class remote_directory {
 };
 
 #if defined(ASIO_HAS_CO_AWAIT)
-// Waits up to `wait` for `name` in `directory` (on a thread of its own, so
-// that several such waits go on together), then imports what it holds: a descriptor's tensor (one tensor in
-// the vector) or a bundle's, as import_remote and import_remote_bundle do.
-// The directory's errors (NotFound, DeadlineExceeded, DataLoss, the
-// decode's) come as they are, and ResourceExhausted when max_waits wait
-// already; the import's as the import gives them.
+// Waits up to `wait` for `name` in `directory` (as wait_for, on the
+// directory's thread: several such waits go on together, and none blocks
+// the runtime), then imports what it holds: a descriptor's tensor (one
+// tensor in the vector) or a bundle's, as import_remote and
+// import_remote_bundle do. The directory's errors (DeadlineExceeded,
+// DataLoss, Unavailable, the decode's) come as they are, ResourceExhausted
+// when max_waits wait already, and Cancelled when the coroutine is
+// cancelled (terminal or partial) or the directory destroyed while it
+// waits; the import's as the import gives them.
 [[nodiscard]] asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
     remote_node& node, remote_directory& directory, std::string name,
     std::chrono::milliseconds wait, remote_import_options options = {});
