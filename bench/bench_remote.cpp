@@ -34,8 +34,10 @@
 // publication register its own memory instead.
 //
 // --strided: every-other-row tensors whose rows are 1 KiB to 256 KiB,
-// fetched run by run against as their span (remote_node_options::
-// min_run_bytes), to find where runs start to pay.
+// sent by the exporter run by run against as a compact copy it gathers (the
+// exporter's remote_node_options::min_run_bytes); with --trusted, read by
+// RMA run by run against as their span (the importer's), to find where runs
+// start to pay.
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -173,6 +175,19 @@ int serve(const std::string& transports, const std::string& trust) {
         if (!add_line(out, (*node)->publish_bundle(sources))) return 1;
       }
       std::cout << out << std::flush;
+    } else if (command == "min_run") {
+      // min_run <bytes>: a node of its own, whose exporter sends runs of
+      // at least that many bytes one by one, and a gathered copy below.
+      no.min_run_bytes = 0;
+      in >> no.min_run_bytes;
+      registered.clear();
+      node->reset();  // a runtime has one node at a time
+      node = remote_node::create(**rt, no);
+      if (!node.ok()) {
+        std::cout << "error " << node.status() << std::endl;
+        return 1;
+      }
+      std::cout << "ready" << std::endl;
     } else if (command == "quit") {
       break;
     }
@@ -531,20 +546,35 @@ int main(int argc, char** argv) {
       }
     }
     if (strided) {
+      // Who chooses: the importer, for its RMA gets (runs, or the span
+      // compacted here); else the exporter, for the pieces it sends (runs,
+      // or a compact copy it gathers).
+      const bool by_rma = !trust.empty();
       std::printf(
-          "\nstrided (%s): every other row, 16 MiB of rows; runs = one fetch per row, "
-          "span = the whole span then compacted here\n",
+          by_rma ? "\nstrided (%s): every other row, 16 MiB of rows, read by RMA; runs = one get "
+                   "per row, span = the whole span then compacted here\n"
+                 : "\nstrided (%s): every other row, 16 MiB of rows, sent by the exporter; runs "
+                   "= one piece per row, gathered = the exporter's compact copy\n",
           tls.c_str());
-      std::printf("%-9s %12s %12s %10s\n", "row", "runs GB/s", "span GB/s", "runs/span");
+      std::printf("%-9s %12s %12s %10s\n", "row", "runs GB/s",
+                  by_rma ? "span GB/s" : "gathered GB/s", by_rma ? "runs/span" : "runs/gath");
       for (std::uint64_t row : {1024ull, 4096ull, 16384ull, 65536ull, 262144ull}) {
         const std::uint64_t rows = (16ull << 20) / row;
         std::vector<double> runs, span;
         for (int rep = 0; rep < reps; ++rep) {
           for (bool by_runs : {true, false}) {
+            const std::uint64_t min_run = by_runs ? 1 : (1ull << 62);
             remote_node_options so = no;
-            so.min_run_bytes = by_runs ? 1 : (1ull << 62);
+            if (by_rma) so.min_run_bytes = min_run;
             node->reset();  // a runtime has one node at a time
             node = remote_node::create(**rt, so);
+            if (!by_rma) {
+              exporter.send("min_run " + std::to_string(min_run));
+              if (exporter.line() != std::optional<std::string>("ready")) {
+                std::cerr << "the exporter did not take min_run\n";
+                return 1;
+              }
+            }
             exporter.send("publish " + std::to_string(rows) + " " + std::to_string(row) + " " +
                           std::to_string(2 * row) + " 4");
             std::vector<remote_descriptor> ds;
