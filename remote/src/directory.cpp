@@ -349,11 +349,11 @@ absl::Status put_while_published_bytes(const std::shared_ptr<remote_directory::i
                                        const std::string& bytes, std::uint64_t lease_id,
                                        const std::string& exporter_address,
                                        std::uint16_t exporter_port, std::chrono::milliseconds ttl) {
-  if (exporter_address != node.listen_address() || exporter_port != node.listen_port()) {
+  if (exporter_address != node.advertised_address() || exporter_port != node.listen_port()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the entry's exporter is ", exporter_address, " port ", exporter_port,
-                     ", not the node given (", node.listen_address(), " port ", node.listen_port(),
-                     "); give put_while_published the node that published it"));
+                     ", not the node given (", node.advertised_address(), " port ",
+                     node.listen_port(), "); give put_while_published the node that published it"));
   }
   if (absl::Status s = put_bytes(*d, name, bytes, ttl); !s.ok()) return s;
   std::function<void(publication_end)> withdraw_at_end =

@@ -26,7 +26,7 @@ absl::StatusOr<std::vector<remote_descriptor>> remote_core::publish(
   for (std::size_t i = 0; i < members.size(); ++i) {
     remote_descriptor& d = members[i].description;
     // Fixed since start(): read without the lock.
-    d.exporter_address = listen_address_;
+    d.exporter_address = advertised_address_;
     d.exporter_port = listen_port_;
     absl::StatusOr<remote_detail::remote_plan> plan =
         remote_detail::plan_remote(d, import_options{}, rt_.registry());

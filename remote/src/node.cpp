@@ -123,6 +123,31 @@ remote_bundle bundle_of(std::vector<remote_descriptor> published) {
   return b;
 }
 
+// Descriptors must name an address an importer can connect to.
+absl::Status check_addresses(const remote_node_options& o) {
+  if (o.listen_address.empty()) {
+    if (o.advertised_address.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote_node_options::advertised_address = \"", o.advertised_address,
+        "\", but listen_address is empty: the node does not listen, so nothing is advertised"));
+  }
+  if (o.advertised_address.empty()) {
+    if (!remote_detail::is_wildcard_address(o.listen_address)) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote_node_options::listen_address = \"", o.listen_address,
+        "\" listens on every interface, but a descriptor names one address: set "
+        "remote_node_options::advertised_address to the address importers reach this host at"));
+  }
+  if (!remote_detail::is_numeric_address(o.advertised_address) ||
+      remote_detail::is_wildcard_address(o.advertised_address)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "remote_node_options::advertised_address = \"", o.advertised_address,
+        "\": descriptors need a numeric IPv4 or IPv6 address that names a host, not a name "
+        "or a wildcard"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
@@ -137,6 +162,7 @@ absl::StatusOr<std::unique_ptr<remote_node>> remote_node::create(runtime& rt,
         "remote_node_options::fetch = rma needs trusted_peers: RMA lets peers read and write "
         "this process's memory; use remote_fetch::automatic, or trust the peers");
   }
+  if (absl::Status s = check_addresses(options); !s.ok()) return s;
   if (options.max_connections == 0) {
     return absl::InvalidArgumentError(
         "remote_node_options::max_connections = 0: the listener would refuse every importer; "
@@ -291,6 +317,9 @@ std::size_t remote_node::connections() const {
 }
 std::string remote_node::listen_address() const {
   return core_->listen_address();
+}
+std::string remote_node::advertised_address() const {
+  return core_->advertised_address();
 }
 std::uint16_t remote_node::listen_port() const {
   return core_->listen_port();

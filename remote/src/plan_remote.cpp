@@ -1,6 +1,9 @@
 #include "remote/src/plan_remote.hpp"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
+#include <array>
 #include <string>
 #include <utility>
 
@@ -13,6 +16,22 @@
 #include "transfer/src/plan/transfer_plan.hpp"
 
 namespace dlasync::remote_detail {
+
+bool is_numeric_address(const std::string& address) {
+  std::array<unsigned char, 16> bytes{};
+  return inet_pton(AF_INET, address.c_str(), bytes.data()) == 1 ||
+         inet_pton(AF_INET6, address.c_str(), bytes.data()) == 1;
+}
+
+bool is_wildcard_address(const std::string& address) {
+  std::array<unsigned char, 16> bytes{};
+  const bool v4 = inet_pton(AF_INET, address.c_str(), bytes.data()) == 1;
+  if (!v4 && inet_pton(AF_INET6, address.c_str(), bytes.data()) != 1) return false;
+  const std::size_t length = v4 ? 4 : 16;
+  return std::all_of(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(length),
+                     [](unsigned char b) { return b == 0; });
+}
+
 namespace {
 
 using detail::innermost_run;
@@ -88,6 +107,15 @@ absl::StatusOr<remote_plan> plan_remote(const remote_descriptor& d, const import
                        "); it is corrupt, or its node does not listen (remote_node_options::"
                        "listen_address)")),
                    "remote_region");
+  }
+  if (is_wildcard_address(d.exporter_address)) {
+    return refused(
+        absl::InvalidArgumentError(absl::StrCat(
+            "the descriptor names the exporter at ", d.exporter_address,
+            ", the wildcard address, which names no host to connect to: its node listens on "
+            "every interface; give that node remote_node_options::advertised_address, the "
+            "address importers reach it at")),
+        "remote_region");
   }
   remote_plan out;
   out.plan = *plan;

@@ -76,6 +76,8 @@ absl::Status remote_core::start() {
                                          options_.listen_port, ": ", port.status().message()));
       }
       listen_address_ = options_.listen_address;
+      advertised_address_ = options_.advertised_address.empty() ? options_.listen_address
+                                                                : options_.advertised_address;
       listen_port_ = *port;
     }
   }

@@ -204,6 +204,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   absl::Status when_ended(std::uint64_t lease_id, std::function<void(publication_end)> callback);
   std::size_t connections() const;
   const std::string& listen_address() const noexcept { return listen_address_; }
+  const std::string& advertised_address() const noexcept { return advertised_address_; }
   std::uint16_t listen_port() const noexcept { return listen_port_; }
 
   // Importing (remote_import.cpp). Require the lock.
@@ -354,6 +355,7 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   bool shut_down_ = false;
   std::condition_variable shutdown_finished_;
   std::string listen_address_;
+  std::string advertised_address_;  // what descriptors name
   std::uint16_t listen_port_ = 0;
 
   // Memory registered for RMA (trusted peers only).

@@ -585,6 +585,73 @@ TEST_CASE("a node's listener takes at most max_connections importers at once",
 
 namespace dlasync {
 
+TEST_CASE("a node listening on every interface names the address it advertises",
+          "[remote][hostile]") {
+  // Before: a node listening on 0.0.0.0 named 0.0.0.0 in its descriptors,
+  // which an importer on another host cannot reach (on Linux, a connection
+  // to it goes to the importer's own host).
+  std::unique_ptr<runtime> rt = testing::make_runtime(1);
+  auto refused_with = [&](const remote_node_options& o, const std::string& words) {
+    absl::StatusOr<std::unique_ptr<remote_node>> n = remote_node::create(*rt, o);
+    INFO(n.status().ToString());
+    REQUIRE(n.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE_THAT(std::string(n.status().message()), Catch::Contains(words));
+  };
+  remote_node_options o;
+  for (const char* wildcard : {"0.0.0.0", "::"}) {
+    o.listen_address = wildcard;
+    refused_with(o, "set remote_node_options::advertised_address");
+  }
+  o.listen_address = "0.0.0.0";
+  for (const char* bad : {"exporter.example", "0.0.0.0", "::", "10.0.0.256"}) {
+    o.advertised_address = bad;
+    refused_with(o, "numeric IPv4 or IPv6 address that names a host");
+  }
+  o.listen_address.clear();
+  o.advertised_address = "127.0.0.1";
+  refused_with(o, "the node does not listen");
+
+  // On every interface, advertising loopback: descriptors name it.
+  auto out = std::make_unique<importer>();
+  out->rt = testing::make_runtime(2);
+  o.listen_address = "0.0.0.0";
+  absl::StatusOr<std::unique_ptr<remote_node>> n = remote_node::create(*out->rt, o);
+  INFO(n.status().ToString());
+  REQUIRE(n.ok());
+  out->node = *std::move(n);
+  REQUIRE(out->node->listen_address() == "0.0.0.0");
+  REQUIRE(out->node->advertised_address() == "127.0.0.1");
+  auto p = publish_here(*out->node, "contiguous", {16, 16});
+  REQUIRE(p->descriptor.exporter_address == "127.0.0.1");
+  auto in = make_importer("");
+  absl::StatusOr<tensor> t =
+      import_now(*in->node, *remote_descriptor::decode(p->descriptor.encode()));
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {16, 16}, dtypes::float32, 1);
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+
+  // A descriptor naming a wildcard (made by hand, or by a node before
+  // this) is refused before anything is asked of any exporter.
+  auto q = publish_here(*out->node, "contiguous", {16, 16}, {}, 2);
+  for (const char* wildcard : {"0.0.0.0", "::"}) {
+    remote_descriptor wild = q->descriptor;
+    wild.exporter_address = wildcard;
+    absl::StatusOr<remote_descriptor> decoded = remote_descriptor::decode(wild.encode());
+    REQUIRE(decoded.ok());
+    REQUIRE(decoded->exporter_address == wildcard);
+    require_refused(import_now(*in->node, *decoded), absl::StatusCode::kInvalidArgument,
+                    "remote_region", "the wildcard address");
+  }
+  REQUIRE(in->node->imports_completed().sent_by_exporter == 1);
+  // Its lease was never held: the right descriptor still imports.
+  t = import_now(*in->node, q->descriptor);
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  check_bytes(*t, "contiguous", {16, 16}, dtypes::float32, 2);
+  REQUIRE(testing::eventually([&] { return q->count.calls.load() == 1; }));
+}
+
 TEST_CASE("a bundle's hold request is checked member by member before anything is granted",
           "[remote][hostile][bundle]") {
   auto peer = start_peer("tcp");

@@ -240,6 +240,12 @@ struct remote_node_options {
   // cannot publish.
   std::string listen_address = "127.0.0.1";
   std::uint16_t listen_port = 0;
+  // The address descriptors name, where it is not listen_address: needed
+  // when the node listens on every interface (listen_address "0.0.0.0" or
+  // "::", which names no host), and for a host that importers reach at
+  // another address (a container's published port, a NAT). A numeric IPv4
+  // or IPv6 address, not a wildcard. Empty: listen_address.
+  std::string advertised_address;
   // The most importers connected to the listener at once; more are
   // refused until one goes. At least 1.
   std::uint32_t max_connections = 1024;
@@ -397,6 +403,9 @@ class remote_node {
   // Where this node listens (descriptors name it): its address and port;
   // empty and 0 without a listener.
   std::string listen_address() const;
+  // The address its descriptors name (advertised_address, or
+  // listen_address); empty without a listener.
+  std::string advertised_address() const;
   std::uint16_t listen_port() const;
   // The transports UCX chose for this node's worker, as UCX names them.
   std::string transports() const;
