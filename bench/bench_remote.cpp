@@ -558,7 +558,7 @@ int main(int argc, char** argv) {
           tls.c_str());
       std::printf("%-9s %12s %12s %10s\n", "row", "runs GB/s",
                   by_rma ? "span GB/s" : "gathered GB/s", by_rma ? "runs/span" : "runs/gath");
-      for (std::uint64_t row : {1024ull, 4096ull, 16384ull, 65536ull, 262144ull}) {
+      for (std::uint64_t row : {1024ull, 4096ull, 16384ull, 65536ull, 131072ull, 262144ull}) {
         const std::uint64_t rows = (16ull << 20) / row;
         std::vector<double> runs, span;
         for (int rep = 0; rep < reps; ++rep) {

@@ -193,12 +193,13 @@ bool fills_span(const remote_descriptor& d) {
 
 }  // namespace
 
-piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run) {
+piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run,
+                       std::uint64_t max_run) {
   if (p.plan.element_count == 0 || p.plan.compact) return piece_plan::whole;
   if (!d.type.is_sub_byte() && fills_span(d)) return piece_plan::dense;
   if (piece_walk::fits(d, p, piece_plan::runs)) {
     const run_shape run = contiguous_run(d);
-    if (run.bytes >= min_run) return piece_plan::runs;
+    if (run.bytes >= min_run && run.bytes <= max_run) return piece_plan::runs;
   }
   return piece_plan::gathered;
 }

@@ -89,16 +89,22 @@ absl::StatusOr<fetch_choice> choose_fetch(const remote_descriptor& d, const remo
 // and, unless remote_node_options::min_run_bytes says otherwise, when they
 // are at least this long (docs/remote.md).
 inline constexpr std::uint64_t max_runs = std::uint64_t{1} << 16;
-inline constexpr std::uint64_t default_min_sent_run_bytes = std::uint64_t{16} << 10;
+// By default: over shared memory, runs of 16 KiB up to the largest piece
+// sent eagerly (longer ones go by UCX's rendezvous, which copies through
+// shared memory, and lost to the gathered copy); over a network, from
+// 256 KiB up.
+inline constexpr std::uint64_t default_min_sent_run_bytes_memory = std::uint64_t{16} << 10;
+inline constexpr std::uint64_t default_min_sent_run_bytes_network = std::uint64_t{256} << 10;
 // remote_fetch::automatic reads by RMA only imports of at least this many
 // bytes, unless remote_node_options::min_rma_bytes says otherwise.
 inline constexpr std::uint64_t default_min_rma_bytes = std::uint64_t{16} << 20;
 
 // How an exporter sends the tensor `d` (validated as `p`): whole when
 // compact, dense when its span holds each element once in another order,
-// runs when its contiguous runs are at least `min_run` bytes and at most
-// max_runs, gathered otherwise.
-piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run);
+// runs when its contiguous runs are `min_run` to `max_run` bytes long and
+// at most max_runs, gathered otherwise.
+piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::uint64_t min_run,
+                       std::uint64_t max_run = UINT64_MAX);
 
 // The pieces of a plan: piece i is `length` bytes read at `source` in the
 // exporter's address space (not for gathered pieces, which come from the

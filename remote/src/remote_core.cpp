@@ -5,10 +5,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "asio/post.hpp"
 #include "remote/src/remote_import.hpp"
 
@@ -28,18 +33,40 @@ bool read_message(const void* header, std::size_t length, Message& m) {
 
 }  // namespace
 
-bool remote_core::native_rma(ucp_ep_h ep) {
-  // UCX chose a lane of its own for RMA on `ep` ("rma_bw#" in its lane
-  // report): a native one, as cma over shared memory.
+namespace {
+
+// UCX's report of the lanes of `ep` (ucp_ep_print_info's text).
+std::string lane_report(ucp_ep_h ep) {
   char* text = nullptr;
   std::size_t size = 0;
   FILE* f = open_memstream(&text, &size);
-  if (f == nullptr) return false;
+  if (f == nullptr) return {};
   ucp_ep_print_info(ep, f);
   std::fclose(f);
-  const bool native = std::string_view(text, size).find("rma_bw#") != std::string_view::npos;
+  std::string report(text, size);
   std::free(text);  // NOLINT(cppcoreguidelines-no-malloc): open_memstream's buffer
-  return native;
+  return report;
+}
+
+}  // namespace
+
+bool remote_core::native_rma(ucp_ep_h ep) {
+  // UCX chose a lane of its own for RMA on `ep` ("rma_bw#" in its lane
+  // report): a native one, as cma over shared memory.
+  return lane_report(ep).find("rma_bw#") != std::string::npos;
+}
+
+std::optional<bool> remote_core::sends_over_memory(ucp_ep_h ep) {
+  // The lanes of its bulk active messages ("am_bw#"), one per line, each
+  // naming its transport and device ("sysv/memory", "tcp/eth0").
+  bool any = false;
+  for (absl::string_view line : absl::StrSplit(lane_report(ep), '\n')) {
+    if (!absl::StrContains(line, "am_bw#")) continue;
+    any = true;
+    if (!absl::StrContains(line, "/memory")) return false;
+  }
+  if (!any) return std::nullopt;
+  return true;
 }
 
 remote_core::remote_core(runtime& rt, remote_node_options options, std::shared_ptr<ucx_worker> ucx)

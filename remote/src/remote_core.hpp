@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -77,6 +78,10 @@ class retired_producers {
 struct importer_connection {
   class remote_core* core = nullptr;
   ucp_ep_h ep = nullptr;
+  // Whether its pieces go over shared memory (remote_core::
+  // sends_over_memory), once UCX has told: it chooses how strided tensors
+  // are sent.
+  std::optional<bool> over_memory;
 };
 
 // A hold granted to one importer: released only with its secret, on the
@@ -229,6 +234,10 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   // Whether UCX reads over `ep` with a native RMA lane (cma over shared
   // memory) rather than emulating RMA with active messages.
   static bool native_rma(ucp_ep_h ep);
+  // Whether the active messages sent over `ep` go over shared memory only
+  // (true) or over a network (false); nullopt while UCX reports no lanes
+  // for them yet (not wired up).
+  static std::optional<bool> sends_over_memory(ucp_ep_h ep);
 
   // Sends a small active message on `ep` (with a reply endpoint), fire and
   // forget; the header (and `data`, with the message) is copied and kept
@@ -261,6 +270,14 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
 
   // Exporting (exporter.cpp).
   // `members`: the request's list (request_members), as received.
+  // The runs sent piece by piece to the importer on `ep` (else a gathered
+  // copy): remote_node_options::min_run_bytes and up, or, by default, as
+  // measured for its connection's transport.
+  struct run_range {
+    std::uint64_t least;
+    std::uint64_t most;
+  };
+  run_range sent_runs_locked(ucp_ep_h ep);
   void on_hold_request_locked(const remote_detail::hold_request& m, const void* members,
                               std::size_t members_bytes, ucp_ep_h ep);
   // The members a hold request asks for (indices into pub.members), or

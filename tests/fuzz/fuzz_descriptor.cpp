@@ -82,7 +82,7 @@ void check_pieces(const remote_descriptor& d, const remote_detail::remote_plan& 
     }
   }
   const piece_plan chosen =
-      remote_detail::choose_plan(d, p, remote_detail::default_min_sent_run_bytes);
+      remote_detail::choose_plan(d, p, remote_detail::default_min_sent_run_bytes_memory);
   if (!remote_detail::piece_walk::fits(d, p, chosen)) fail("the chosen plan does not fit");
 }
 

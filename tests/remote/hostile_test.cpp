@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <arpa/inet.h>
@@ -584,6 +585,49 @@ TEST_CASE("a node's listener takes at most max_connections importers at once",
 }  // namespace dlasync
 
 namespace dlasync {
+
+TEST_CASE("an exporter sends a strided tensor run by run only where runs pay on the transport",
+          "[remote][hostile]") {
+  // Measured (docs/remote.md, dlasync_bench_remote --strided): over shared
+  // memory, runs of 16 to 64 KiB (sent eagerly) beat the exporter's
+  // gathered copy and longer ones (UCX's rendezvous) did not; over TCP,
+  // runs paid only from 256 KiB. Before, runs of 16 KiB and up went one by
+  // one on every transport.
+  const auto [transports, floats, min_run, plan] = GENERATE(
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 8192, 0, 3},
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 32768, 0, 4},
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 8192, 0, 4},
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 65536, 0, 3},
+      // The node's own min_run_bytes decides alone, on any transport.
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 8192, 1, 3},
+      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 32768, 1, 3});
+  INFO("transports " << transports << ", rows of " << floats * 4 << " bytes, min_run_bytes "
+                     << min_run);
+  remote_node_options o;
+  o.transports = transports;
+  o.min_run_bytes = min_run;
+  auto out = make_importer(o);
+  constexpr std::int64_t rows = 4;
+  auto p = publish_here(*out->node, "every_other_row", {rows, floats});
+  auto hostile = start_hostile(transports);
+  connect(*hostile, p->descriptor);
+  std::optional<std::string> granted = hostile->ask("hold " + hex(p->descriptor) + " 1 0");
+  REQUIRE(granted);
+  INFO(*granted);
+  std::istringstream reply(*granted);
+  std::string word;
+  int code = -1;
+  std::uint64_t hold_id = 0, secret = 0, got_plan = 0, pieces = 0, received = 0;
+  reply >> word >> code >> hold_id >> secret >> got_plan >> pieces >> received;
+  REQUIRE(code == 0);
+  CHECK(got_plan == plan);  // 3: runs, 4: gathered
+  CHECK(pieces == (plan == 3 ? static_cast<std::uint64_t>(rows) : 1));
+  CHECK(received == static_cast<std::uint64_t>(rows * floats) * sizeof(float));
+  REQUIRE(hostile->ask("release " + std::to_string(p->descriptor.lease_id) + " " +
+                       std::to_string(hold_id) + " " + std::to_string(secret)) == "sent");
+  REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
+  REQUIRE(hostile->ask("quit") == "bye");
+}
 
 TEST_CASE("a node listening on every interface names the address it advertises",
           "[remote][hostile]") {

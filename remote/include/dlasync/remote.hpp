@@ -266,8 +266,9 @@ struct remote_node_options {
   // when they are at least this long and there are at most 65,536 of them.
   // Otherwise an exporter sends a compact copy it makes (or the span, when
   // the span holds each element once), and an RMA import reads the span
-  // and compacts it. 0 chooses as measured (docs/remote.md): 16 KiB for
-  // sent runs, 4 KiB for RMA gets.
+  // and compacts it. 0 chooses as measured (docs/remote.md): sent runs of
+  // 16 to 64 KiB over shared memory and from 256 KiB over a network (by the
+  // importer's connection), RMA gets from 4 KiB.
   std::uint64_t min_run_bytes = 0;
   // Under remote_fetch::automatic, the fewest bytes (one tensor's, or a
   // bundle's members' together) read by RMA between trusted peers; smaller
