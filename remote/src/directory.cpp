@@ -21,15 +21,12 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "asio/async_result.hpp"
 #include "asio/post.hpp"
 #include "asio/thread_pool.hpp"
-#include "asio/use_awaitable.hpp"
-#include "dlasync/detail/import_initiation.hpp"
-#include "remote/src/directory_store.hpp"
-#include "remote/src/directory_waits.hpp"
+#include "remote/src/directory_impl.hpp"
 
 namespace dlasync {
 namespace {
@@ -61,35 +58,24 @@ absl::Status no_entry_string(std::string_view name, const redisReply& reply,
                    "); ", av(then)));
 }
 
+// A withdrawal's reply that is no count: the server's refusal (an error
+// reply: a replica, an ACL, out of memory) is Unavailable with its words; a
+// key of another type (WRONGTYPE), or a reply of another type, DataLoss.
+absl::Status not_withdrawn(std::string_view name, const redisReply& reply) {
+  if (reply.type == REDIS_REPLY_ERROR &&
+      !absl::StrContains(absl::string_view(reply.str, reply.len), "WRONGTYPE")) {
+    return absl::UnavailableError(absl::StrCat("the directory's server refused to withdraw \"",
+                                               av(name),
+                                               "\": ", absl::string_view(reply.str, reply.len)));
+  }
+  return no_entry_string(name, reply, "nothing was withdrawn");
+}
+
 absl::Status nothing_under(std::string_view name) {
   return absl::NotFoundError(absl::StrCat("the directory holds nothing under \"", av(name), "\""));
 }
 
 }  // namespace
-
-class remote_directory::impl {
- public:
-  explicit impl(remote_directory_options o)
-      : options(std::move(o)), store(options), waits(options, remote_directory::max_waits) {}
-  ~impl() {
-    waits.stop();
-    pool.join();
-  }
-
-  absl::StatusOr<reply_ptr> command(const std::vector<std::string_view>& args) {
-    return store.command(args);
-  }
-
-  std::string key(std::string_view name) const { return absl::StrCat(options.prefix, av(name)); }
-
-  const remote_directory_options options;
-  remote_detail::redis_store store;
-  // Every wait, on one thread and one subscription; its looks use the
-  // store, so it goes first.
-  remote_detail::directory_waits waits;
-  // Where put_while_published's withdrawals run, off the runtime's threads.
-  asio::thread_pool pool{1};
-};
 
 absl::StatusOr<std::unique_ptr<remote_directory>> remote_directory::connect(
     remote_directory_options options) {
@@ -222,12 +208,10 @@ wait_clock::time_point deadline_after(std::chrono::milliseconds wait) {
   return wait >= room ? wait_clock::time_point::max() : now + wait;
 }
 
-using entry_fn = absl::AnyInvocable<void(absl::StatusOr<remote_entry>) &&>;
+}  // namespace
 
-// Adds a wait (directory_waits) for `name` to hold an entry, for `wait`:
-// `done` is told once, with the entry, or the directory's error
-// (DeadlineExceeded, Cancelled, ResourceExhausted, Unavailable, what find
-// refuses). Its id, or 0 when refused at once.
+namespace remote_detail {
+
 std::uint64_t await_entry(remote_directory::impl& d, const std::string& name,
                           std::chrono::milliseconds wait, entry_fn done) {
   if (absl::Status s = check_name(name); !s.ok()) {
@@ -254,7 +238,7 @@ std::uint64_t await_entry(remote_directory::impl& d, const std::string& name,
       });
 }
 
-}  // namespace
+}  // namespace remote_detail
 
 absl::StatusOr<remote_entry> remote_directory::find(std::string_view name) {
   return find_in(*impl_, name);
@@ -264,8 +248,9 @@ absl::StatusOr<remote_entry> remote_directory::wait_for(std::string_view name,
                                                         std::chrono::milliseconds wait) {
   std::promise<absl::StatusOr<remote_entry>> result;
   std::future<absl::StatusOr<remote_entry>> told = result.get_future();
-  await_entry(*impl_, std::string(name), wait,
-              [&result](absl::StatusOr<remote_entry> e) { result.set_value(std::move(e)); });
+  remote_detail::await_entry(
+      *impl_, std::string(name), wait,
+      [&result](absl::StatusOr<remote_entry> e) { result.set_value(std::move(e)); });
   return told.get();
 }
 
@@ -333,8 +318,7 @@ absl::Status withdraw_bytes(remote_directory::impl& d, std::string_view name,
   absl::StatusOr<reply_ptr> r = d.store.run(withdraw_if_holds, {"1", d.key(name), bytes});
   if (!r.ok()) return r.status();
   const redisReply& reply = **r;
-  if (reply.type != REDIS_REPLY_INTEGER)
-    return no_entry_string(name, reply, "nothing was withdrawn");
+  if (reply.type != REDIS_REPLY_INTEGER) return not_withdrawn(name, reply);
   if (reply.integer == 0) return nothing_under(name);
   if (reply.integer < 0) {
     return absl::FailedPreconditionError(
@@ -407,74 +391,9 @@ absl::Status remote_directory::withdraw(std::string_view name) {
   if (absl::Status s = check_name(name); !s.ok()) return s;
   absl::StatusOr<reply_ptr> r = impl_->store.run(withdraw_and_publish, {"1", impl_->key(name)});
   if (!r.ok()) return r.status();
-  if ((*r)->type == REDIS_REPLY_INTEGER && (*r)->integer == 0) return nothing_under(name);
+  if ((*r)->type != REDIS_REPLY_INTEGER) return not_withdrawn(name, **r);
+  if ((*r)->integer == 0) return nothing_under(name);
   return absl::OkStatus();
 }
-
-#if defined(ASIO_HAS_CO_AWAIT)
-namespace {
-
-// One named import's wait, as detail::launch starts it and cancels it
-// (through the handler's cancellation slot).
-struct named_wait {
-  std::weak_ptr<remote_directory::impl> directory;
-  std::string name;
-  std::chrono::milliseconds wait;
-  std::mutex mutex;
-  std::uint64_t id = 0;    // guarded by mutex
-  bool cancelled = false;  // guarded by mutex
-};
-
-void start(const std::shared_ptr<named_wait>& op, entry_fn done) {
-  std::shared_ptr<remote_directory::impl> d = op->directory.lock();
-  if (d == nullptr) {
-    std::move(done)(absl::CancelledError("the directory was destroyed before the wait began"));
-    return;
-  }
-  const std::uint64_t id = await_entry(*d, op->name, op->wait, std::move(done));
-  std::lock_guard lock(op->mutex);
-  op->id = id;
-  if (op->cancelled) d->waits.cancel(id);
-}
-
-void cancel(named_wait& op) {
-  std::lock_guard lock(op.mutex);
-  op.cancelled = true;
-  if (op.id == 0) return;  // start cancels it
-  if (std::shared_ptr<remote_directory::impl> d = op.directory.lock()) d->waits.cancel(op.id);
-}
-
-}  // namespace
-
-asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
-    remote_node& node, remote_directory& directory, std::string name,
-    std::chrono::milliseconds wait, remote_import_options options) {
-  // The wait is the directory's loop's, never a thread of the runtime's;
-  // its result comes back on the coroutine's executor, and the coroutine's
-  // cancellation (terminal or partial) ends it.
-  auto op = std::make_shared<named_wait>();
-  op->directory = directory.get_impl();
-  op->name = std::move(name);
-  op->wait = wait;
-  absl::StatusOr<remote_entry> entry =
-      co_await asio::async_initiate<const asio::use_awaitable_t<>&,
-                                    void(absl::StatusOr<remote_entry>)>(
-          [&node, &op](auto handler) {
-            detail::launch<absl::StatusOr<remote_entry>>(std::move(handler), node.get_runtime(),
-                                                         op);
-          },
-          asio::use_awaitable);
-  if (!entry.ok()) co_return entry.status();
-  if (auto* d = std::get_if<remote_descriptor>(&*entry)) {
-    absl::StatusOr<tensor> t = co_await import_remote(node, *d, options);
-    if (!t.ok()) co_return t.status();
-    std::vector<tensor> one;
-    one.push_back(*std::move(t));
-    co_return one;
-  }
-  co_return co_await import_remote_bundle(node, std::get<remote_bundle>(*std::move(entry)),
-                                          options);
-}
-#endif
 
 }  // namespace dlasync

@@ -104,7 +104,15 @@ absl::StatusOr<reply_ptr> redis_store::run(const lua_script& script,
       absl::StatusOr<reply_ptr> loaded = command_locked({"SCRIPT", "LOAD", script.text});
       if (!loaded.ok()) return loaded.status();
       if (!is_digest(**loaded)) {
-        load_refused_ = true;  // refused (an ACL?): every script goes whole
+        // Refused for good (an ACL, a command renamed away, a reply that is
+        // no digest): every script goes whole from now on. Refused for now
+        // (the server is loading, or busy): this one goes whole.
+        const redisReply& reply = **loaded;
+        const absl::string_view text = reply.type == REDIS_REPLY_ERROR
+                                           ? absl::string_view(reply.str, reply.len)
+                                           : absl::string_view();
+        load_refused_ = reply.type != REDIS_REPLY_ERROR || absl::StartsWith(text, "NOPERM") ||
+                        absl::StrContains(text, "unknown");
         break;
       }
       digest.assign((*loaded)->str, (*loaded)->len);

@@ -49,6 +49,7 @@ void directory_waits::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
+    attention_.store(true, std::memory_order_release);
     wake_locked();
   }
   if (thread_.joinable()) thread_.join();
@@ -109,6 +110,7 @@ void directory_waits::cancel(std::uint64_t id) {
   std::lock_guard lock(mutex_);
   if (stopping_) return;  // the loop ends every wait as it stops
   cancelled_.push_back(id);
+  attention_.store(true, std::memory_order_release);
   wake_locked();
 }
 
@@ -118,6 +120,8 @@ void directory_waits::run() {
   std::unique_ptr<directory_watch> watch;
   bool refused = false;  // pub/sub refused: poll, and subscribe no more
   clock::time_point next_watch = clock::time_point::min();
+  // At most a day: a longer one would overflow the clock's time points.
+  const milliseconds recheck = std::min(options_.recheck, milliseconds(86400000));
   // Ends `w` (once): its place is free before its caller hears.
   auto finish = [&](wait& w, absl::Status why) {
     if (w.ended) return;
@@ -143,6 +147,7 @@ void directory_waits::run() {
     std::vector<std::uint64_t> cancelled;
     {
       std::lock_guard lock(mutex_);
+      attention_.store(false, std::memory_order_relaxed);
       for (auto& w : incoming_) waits.push_back(std::move(w));
       incoming_.clear();
       cancelled.swap(cancelled_);
@@ -160,10 +165,14 @@ void directory_waits::run() {
         if (w->id == id) finish(*w, absl::CancelledError("the wait was cancelled"));
       }
     }
-    // Looks, one at a time.
+    // Looks, one at a time; a cancellation or the stop is taken after the
+    // look under way, not after every look due.
+    bool looked = false;
     for (auto& w : waits) {
+      if (looked && attention_.load(std::memory_order_acquire)) break;
       const auto now = clock::now();
       if (w->ended || !(w->cue || now >= w->next || now >= w->due || now >= w->until)) continue;
+      looked = true;
       w->cue = false;
       clock::time_point due = clock::time_point::max();
       const bool over = w->look(due);
@@ -182,7 +191,7 @@ void directory_waits::run() {
         ++channels[w->key].waits;
       }
       if (watch != nullptr && channels[w->key].asked) {
-        w->next = after + options_.recheck;  // its channel cues it sooner
+        w->next = after + recheck;  // its channel cues it sooner
       } else {
         w->next = after + w->backoff;
         w->backoff = std::min(w->backoff * 2, milliseconds(50));
@@ -201,18 +210,13 @@ void directory_waits::run() {
     }
     auto now = clock::now();
     if (watch == nullptr && !refused && !channels.empty() && now >= next_watch) {
-      // However this one ends, the next comes no sooner than 100 ms (or a
-      // recheck, when shorter): a server that closes every subscription
-      // at once is not asked in a loop.
-      next_watch = now + std::min(options_.recheck, milliseconds(100));
-      remote_directory_options o = options_;
-      for (const auto& w : waits) {
-        const auto left = std::chrono::ceil<milliseconds>(w->until - now);
-        o.io_timeout = std::max(milliseconds(1), std::min(o.io_timeout, left));
-      }
-      absl::StatusOr<std::unique_ptr<directory_watch>> opened = directory_watch::open(o);
+      absl::StatusOr<std::unique_ptr<directory_watch>> opened = directory_watch::open(options_);
       if (opened.ok()) watch = *std::move(opened);
       now = clock::now();
+      // However this one ended, the next comes no sooner than 100 ms after
+      // it (or a recheck, when shorter): a server that closes every
+      // subscription at once is not asked in a loop.
+      next_watch = now + std::min(recheck, milliseconds(100));
     }
     if (watch != nullptr) {
       for (auto& [key, c] : channels) {

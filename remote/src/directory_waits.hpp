@@ -9,18 +9,21 @@
 // recheck, at the time the look asked for (a ttl's end), and at the wait's
 // deadline. Without a subscription (none could be made yet, or the server
 // refuses pub/sub) it polls each wait, every 1 ms at first and 50 ms at
-// most, and makes the subscription again at most once in 100 ms (never
-// where refused). Looks run one at a time on the loop's thread, each
-// bounded by the store's io_timeout; ends run there too, so they must only
-// hand their result on.
+// most, and makes the subscription again no sooner than 100 ms (or a
+// recheck, when shorter) after the last try (never where refused). Looks
+// run one at a time on the loop's thread, each bounded by the store's
+// io_timeout (several, when the server is slow, so a wait may end that
+// much past its deadline); a cancellation or the stop is taken after the
+// look under way. Ends run on the loop too, so they must only hand their
+// result on.
 //
 // Thread safety: all members are safe to call from any thread, but the
 // destructor, which ends the waits still under way (Cancelled) and joins
 // the loop.
 #pragma once
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -80,6 +83,9 @@ class directory_waits {
   std::size_t waiting_ = 0;  // added and not ended
   std::uint64_t last_id_ = 0;
   bool stopping_ = false;
+  // A cancellation or the stop to take before the next look (set under
+  // mutex_, read by the loop between looks).
+  std::atomic<bool> attention_{false};
   int wake_fd_ = -1;    // an eventfd: the loop polls it beside the subscription
   std::thread thread_;  // started with the first wait
 };

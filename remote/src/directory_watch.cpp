@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/string_view.h"
 #include "remote/src/directory_store.hpp"
 
@@ -61,7 +62,14 @@ directory_watch::heard directory_watch::read() {
     // ["subscribe", channel, count] and ["message", channel, payload] cue
     // the channel's name; ["unsubscribe", ...] and anything else do not.
     if (r->type == REDIS_REPLY_ERROR) {
-      h.refused = true;
+      // Pub/sub not allowed here (an ACL, a command renamed away): poll.
+      // Any other error (too many clients) ends this connection only.
+      const absl::string_view text(r->str, r->len);
+      if (absl::StartsWith(text, "NOPERM") || absl::StrContains(text, "unknown command")) {
+        h.refused = true;
+      } else {
+        broken_ = true;
+      }
     } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
                r->element[0]->type == REDIS_REPLY_STRING &&
                r->element[1]->type == REDIS_REPLY_STRING) {

@@ -4,7 +4,8 @@
 // channel of a name's key when they put or withdraw it (directory.cpp), so
 // a wait wakes when its name changes rather than at its next look. What
 // arrives is only a cue to look again: a message's contents are never read
-// as an entry, and a hostile server's words can cost looks, nothing more.
+// as an entry. A hostile server's words can cost looks, and the memory
+// hiredis buffers a reply in (it reads each whole).
 //
 // Thread safety: none; the directory's wait loop (directory_waits.hpp) owns
 // it.
@@ -46,8 +47,9 @@ class directory_watch {
     // The channels of subscriptions confirmed, and of messages, in order:
     // each a cue to look at its name.
     std::vector<std::string> cues;
-    // The server refused a subscription (an error reply: pub/sub not
-    // allowed here).
+    // The server refused a subscription (NOPERM, or an unknown command:
+    // pub/sub not allowed here); any other error reply breaks the
+    // connection instead.
     bool refused = false;
   };
   // Reads what has arrived (call it when fd() is readable). A connection

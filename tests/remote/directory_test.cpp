@@ -593,6 +593,97 @@ TEST_CASE("a directory's waits share one thread and one subscription, and end wh
   REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
 }
 
+TEST_CASE("a directory's waits stay bounded when its options, its server or its caller misbehave",
+          "[remote][directory]") {
+  redis_server server;
+  remote_descriptor d;
+  d.lease_id = 11;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = 9;
+  d.type = dtypes::uint8;
+  d.shape = {4};
+  d.region_bytes = 4;
+  d.data = d.region_begin = 0x1000;
+
+  SECTION("a recheck too long for the clock waits, rather than looking in a loop") {
+    // Before: now + recheck overflowed, so every look was due at once.
+    remote_directory_options o = server.options();
+    o.recheck = std::chrono::milliseconds::max();
+    absl::StatusOr<std::unique_ptr<remote_directory>> dir = remote_directory::connect(o);
+    REQUIRE(dir.ok());
+    const long long before = calls_of(server.port(), "getrange");
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE((*dir)->wait_for("slow", 1s).status().code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    // A first look, one when subscribed, one at the deadline: a few.
+    CHECK(calls_of(server.port(), "getrange") - before < 20);
+  }
+
+  SECTION("a subscription the server turns away for a while is made once it is let in") {
+    // Before: any error reply on the subscription (here: too many clients)
+    // turned subscriptions off for the directory's life, so its waits
+    // polled.
+    remote_directory_options o = server.options();
+    o.recheck = 60s;
+    absl::StatusOr<std::unique_ptr<remote_directory>> dir = remote_directory::connect(o);
+    REQUIRE(dir.ok());
+    REQUIRE((*dir)->put("warm", d, 30s).ok());  // the store's connection is up
+    redisContext* admin = redisConnect("127.0.0.1", server.port());
+    REQUIRE(admin != nullptr);
+    REQUIRE(admin->err == 0);
+    auto set_maxclients = [&](int n) {
+      auto* r = static_cast<redisReply*>(redisCommand(admin, "CONFIG SET maxclients %d", n));
+      REQUIRE(r != nullptr);
+      INFO(std::string(r->str != nullptr ? r->str : ""));
+      REQUIRE(r->type == REDIS_REPLY_STATUS);
+      freeReplyObject(r);
+    };
+    set_maxclients(2);  // the directory's connection and this one: no room
+    absl::StatusOr<remote_entry> found = absl::UnknownError("not run");
+    std::thread waiter([&] { found = (*dir)->wait_for("let-in", 20s); });
+    std::this_thread::sleep_for(500ms);  // turned away, at least once
+    set_maxclients(100);
+    // Subscribed now (a probe of its own needs the room too).
+    const bool subscribed =
+        testing::eventually([&] { return subscribers_of(server.port(), "dlasync:let-in") == 1; });
+    REQUIRE((*dir)->put("let-in", d, 30s).ok());
+    waiter.join();
+    redisFree(admin);
+    CHECK(subscribed);
+    INFO(found.status().ToString());
+    REQUIRE(found.ok());
+  }
+
+  SECTION("a directory destroyed before a named import's wait began ends it, read no more") {
+    // Before: import_remote_named read its directory when the coroutine
+    // first ran, which may be after the directory was gone.
+    node_pair nodes;
+    auto dir = directory_at(server);
+    asio::awaitable<absl::StatusOr<std::vector<tensor>>> later =
+        import_remote_named(nodes.in(), *dir, "gone", 30s);
+    dir.reset();
+    auto f = asio::co_spawn(nodes.in().get_executor(), std::move(later), asio::use_future);
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    absl::StatusOr<std::vector<tensor>> r = f.get();
+    CHECK(r.status().code() == absl::StatusCode::kCancelled);
+    CHECK_THAT(std::string(r.status().message()), Catch::Contains("destroyed"));
+  }
+
+  SECTION("a withdrawal the server refuses says so") {
+    // Before: withdraw(name) took any reply that was no 0 for success.
+    auto dir = directory_at(server);
+    REQUIRE(dir->put("kept", d, 30s).ok());
+    server.raw({"REPLICAOF", "127.0.0.1", "1"});  // read-only from now on
+    absl::Status refused = dir->withdraw("kept");
+    server.raw({"REPLICAOF", "NO", "ONE"});
+    INFO(refused.ToString());
+    CHECK(refused.code() == absl::StatusCode::kUnavailable);
+    CHECK_THAT(std::string(refused.message()), Catch::Contains("READONLY"));
+    // Writable again: the name goes.
+    REQUIRE(testing::eventually([&] { return dir->withdraw("kept").ok(); }));
+  }
+}
+
 TEST_CASE("a name put while published goes when its publication ends, long before its ttl",
           "[remote][directory]") {
   redis_server server;

@@ -12,8 +12,10 @@
 // name holds is decoded and validated exactly as a descriptor from anywhere
 // else (remote_descriptor::decode, remote_bundle::decode, then the import's
 // validation), and an entry that is no string, or larger than
-// max_entry_bytes, is refused before it is read. The directory grants
-// nothing by itself: a name leads to a lease, whose exporter decides.
+// max_entry_bytes, is refused (an honest server sends at most one byte
+// past the bound; hiredis buffers whatever a server sends). The directory
+// grants nothing by itself: a name leads to a lease, whose exporter
+// decides.
 //
 // Why Redis: Debian 12 ships the server (redis-server 7.0) and a C client
 // (hiredis 0.14) that are kept and small; etcd's server is there too, but no
@@ -30,13 +32,16 @@
 //       node, **dir, "batch-17", std::chrono::seconds(5));
 //
 // Thread safety: all members are safe to call from any thread; each call
-// blocks its thread for at most its command's timeout (io_timeout), or the
-// wait it is given. Every wait of a directory (wait_for, wait_withdrawn,
-// import_remote_named; at most max_waits at once) is served by one thread
-// and one subscription of the directory's, never by the runtime's threads,
-// and put_while_published's withdrawals run on another thread of the
+// blocks its thread for its commands (each bounded by io_timeout, one at a
+// time a directory), or the wait it is given. Every wait of a directory
+// (wait_for, wait_withdrawn, import_remote_named; at most max_waits at once)
+// is served by one thread and one subscription of the directory's, never by
+// the runtime's threads; their looks run one at a time, so on a slow server
+// a wait may end up to a few io_timeouts past its deadline.
+// put_while_published's withdrawals run on another thread of the
 // directory's, never behind a wait. The destructor ends the waits under way
-// (Cancelled) and runs the withdrawals already queued.
+// (Cancelled, once the look under way returns) and runs the withdrawals
+// already queued.
 #pragma once
 
 #include <chrono>
@@ -113,8 +118,9 @@ class remote_directory {
   // DeadlineExceeded then. It looks again when a put or a withdrawal is
   // published on the name's channel (the directory's subscription to it,
   // made when a first look finds nothing, and made again when its
-  // connection breaks), and every options().recheck; where no subscription
-  // can be had, every 1 ms at first and every 50 ms at most.
+  // connection breaks), and every options().recheck (at most a day); where
+  // no subscription can be had, every 1 ms at first and every 50 ms at
+  // most.
   // ResourceExhausted when max_waits wait already.
   absl::StatusOr<remote_entry> wait_for(std::string_view name, std::chrono::milliseconds wait);
 
@@ -168,8 +174,11 @@ class remote_directory {
 // import_remote_bundle do. The directory's errors (DeadlineExceeded,
 // DataLoss, Unavailable, the decode's) come as they are, ResourceExhausted
 // when max_waits wait already, and Cancelled when the coroutine is
-// cancelled (terminal or partial) or the directory destroyed while it
-// waits; the import's as the import gives them.
+// cancelled while it waits (terminal or partial cancellation, as far as
+// the coroutine's cancellation state lets it through: terminal only, by
+// default) or the directory is destroyed first; the import's as the import
+// gives them. The directory is read when the call is made; the node when
+// the coroutine runs.
 [[nodiscard]] asio::awaitable<absl::StatusOr<std::vector<tensor>>> import_remote_named(
     remote_node& node, remote_directory& directory, std::string name,
     std::chrono::milliseconds wait, remote_import_options options = {});
