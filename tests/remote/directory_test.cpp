@@ -142,6 +142,20 @@ long long calls_of(std::uint16_t port, const std::string& command) {
   return at == std::string::npos ? 0 : std::atoll(info.c_str() + at + line.size());
 }
 
+// A descriptor of 4 bytes at a made-up exporter: what the directory keeps
+// (it is never imported).
+remote_descriptor an_entry(std::uint64_t lease_id) {
+  remote_descriptor d;
+  d.lease_id = lease_id;
+  d.exporter_address = "127.0.0.1";
+  d.exporter_port = 9;
+  d.type = dtypes::uint8;
+  d.shape = {4};
+  d.region_bytes = 4;
+  d.data = d.region_begin = 0x1000;
+  return d;
+}
+
 // This process's threads, as the kernel counts them.
 int threads_now() {
   std::ifstream status("/proc/self/status");
@@ -279,14 +293,7 @@ TEST_CASE("a wait wakes when its name is put, withdrawn or expires, not at its n
   absl::StatusOr<std::unique_ptr<remote_directory>> watched = remote_directory::connect(slow);
   REQUIRE(watched.ok());
   remote_directory& dir = **watched;
-  remote_descriptor d;
-  d.lease_id = 7;
-  d.exporter_address = "127.0.0.1";
-  d.exporter_port = 9;
-  d.type = dtypes::uint8;
-  d.shape = {4};
-  d.region_bytes = 4;
-  d.data = d.region_begin = 0x1000;
+  const remote_descriptor d = an_entry(7);
   absl::Status done = absl::UnknownError("not run");
   // Subscribers to the name's channel while the wait runs: 1 shows the wait
   // is subscribed, rather than polling (checked after the join, as Catch's
@@ -371,14 +378,7 @@ TEST_CASE("the directory's scripts go by their digest, loaded again when the ser
   // Before: every put and withdrawal sent its script whole (EVAL).
   redis_server server;
   auto dir = directory_at(server);
-  remote_descriptor d;
-  d.lease_id = 9;
-  d.exporter_address = "127.0.0.1";
-  d.exporter_port = 9;
-  d.type = dtypes::uint8;
-  d.shape = {4};
-  d.region_bytes = 4;
-  d.data = d.region_begin = 0x1000;
+  const remote_descriptor d = an_entry(9);
   // Each of the three scripts, loaded once, then sent by its digest.
   REQUIRE(dir->put("a", d, 30s).ok());
   REQUIRE(dir->put("b", d, 30s).ok());
@@ -418,14 +418,7 @@ TEST_CASE("a wait whose subscription breaks subscribes again, and still wakes at
   slow.recheck = 60s;  // each wait below ends long before an unprompted look
   absl::StatusOr<std::unique_ptr<remote_directory>> watched = remote_directory::connect(slow);
   REQUIRE(watched.ok());
-  remote_descriptor d;
-  d.lease_id = 8;
-  d.exporter_address = "127.0.0.1";
-  d.exporter_port = 9;
-  d.type = dtypes::uint8;
-  d.shape = {4};
-  d.region_bytes = 4;
-  d.data = d.region_begin = 0x1000;
+  const remote_descriptor d = an_entry(8);
   // The subscription, cut twice: each time the wait subscribes again
   // (seen by the server), then the name is put. Off this thread, its
   // findings checked after the join.
@@ -596,14 +589,7 @@ TEST_CASE("a directory's waits share one thread and one subscription, and end wh
 TEST_CASE("a directory's waits stay bounded when its options, its server or its caller misbehave",
           "[remote][directory]") {
   redis_server server;
-  remote_descriptor d;
-  d.lease_id = 11;
-  d.exporter_address = "127.0.0.1";
-  d.exporter_port = 9;
-  d.type = dtypes::uint8;
-  d.shape = {4};
-  d.region_bytes = 4;
-  d.data = d.region_begin = 0x1000;
+  const remote_descriptor d = an_entry(11);
 
   SECTION("a recheck too long for the clock waits, rather than looking in a loop") {
     // Before: now + recheck overflowed, so every look was due at once.
