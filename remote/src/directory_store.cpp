@@ -1,8 +1,10 @@
 #include "remote/src/directory_store.hpp"
 
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -82,14 +84,54 @@ absl::StatusOr<reply_ptr> redis_store::command_locked(const std::vector<std::str
     argv.push_back(a.data());
     lengths.push_back(a.size());
   }
-  auto* r = static_cast<redisReply*>(
-      redisCommandArgv(context_, static_cast<int>(argv.size()), argv.data(), lengths.data()));
-  if (r == nullptr) {
-    absl::Status lost = unreachable(options_, context_->errstr);
-    redisFree(std::exchange(context_, nullptr));  // the next command reconnects
-    return lost;
+  // The connection is dropped on any failure: the next command reconnects.
+  auto drop = [&](absl::Status why) {
+    redisFree(std::exchange(context_, nullptr));
+    return why;
+  };
+  if (redisAppendCommandArgv(context_, static_cast<int>(argv.size()), argv.data(),
+                             lengths.data()) != REDIS_OK) {
+    return drop(unreachable(options_, context_->errstr));
   }
-  return reply_ptr(r);
+  for (int written = 0; written == 0;) {  // each write bounded by io_timeout
+    if (redisBufferWrite(context_, &written) != REDIS_OK) {
+      return drop(unreachable(options_, context_->errstr));
+    }
+  }
+  // The reply, read here rather than by hiredis, which would buffer all a
+  // server sends for it: past max_reply_bytes the server is cut off.
+  std::size_t read = 0;
+  for (;;) {
+    void* reply = nullptr;
+    if (redisGetReplyFromReader(context_, &reply) != REDIS_OK) {
+      return drop(absl::DataLossError(absl::StrCat(
+          "the directory's Redis server at ", options_.address, " port ", options_.port,
+          " sent bytes that are no reply (", context_->errstr, "); the connection was dropped")));
+    }
+    if (reply != nullptr) return reply_ptr(static_cast<redisReply*>(reply));
+    if (read > max_reply_bytes) {
+      return drop(absl::DataLossError(absl::StrCat(
+          "the directory's Redis server at ", options_.address, " port ", options_.port,
+          " sent more than ", max_reply_bytes,
+          " bytes for one reply, more than any reply of the directory's (an entry is at most ",
+          remote_directory::max_entry_bytes, " bytes); the connection was dropped")));
+    }
+    char chunk[16384];
+    const ssize_t n = ::read(context_->fd, chunk, sizeof(chunk));  // bounded by io_timeout
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) return drop(unreachable(options_, "it closed the connection"));
+    if (n < 0) {
+      return drop(unreachable(
+          options_,
+          errno == EAGAIN || errno == EWOULDBLOCK
+              ? absl::StrCat("no reply within io_timeout (", options_.io_timeout.count(), " ms)")
+              : absl::StrCat("reading its reply failed (errno ", errno, ")")));
+    }
+    read += static_cast<std::size_t>(n);
+    if (redisReaderFeed(context_->reader, chunk, static_cast<std::size_t>(n)) != REDIS_OK) {
+      return drop(unreachable(options_, "out of memory"));
+    }
+  }
 }
 
 absl::StatusOr<reply_ptr> redis_store::run(const lua_script& script,

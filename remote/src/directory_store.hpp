@@ -45,6 +45,11 @@ struct lua_script {
   std::size_t slot;
 };
 
+// The most bytes read for one reply: a whole entry (GETRANGE's, at most
+// max_entry_bytes and one more) and room for its framing. A server that
+// sends more is cut off (DataLoss) rather than buffered.
+inline constexpr std::size_t max_reply_bytes = remote_directory::max_entry_bytes + (64 << 10);
+
 class redis_store {
  public:
   static constexpr std::size_t script_slots = 4;
@@ -59,7 +64,9 @@ class redis_store {
   absl::Status connect();
 
   // Runs one command (its arguments binary-safe): the reply, or Unavailable
-  // when the server cannot be reached or the connection broke.
+  // when the server cannot be reached or the connection broke, DataLoss
+  // when it sends more than max_reply_bytes for the reply, or bytes that
+  // are no reply (the connection is dropped then).
   absl::StatusOr<reply_ptr> command(const std::vector<std::string_view>& args);
 
   // Runs `script` with `keys_and_args` (the key count first, as EVAL takes

@@ -1,5 +1,8 @@
 #include "remote/src/directory_watch.hpp"
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/match.h"
@@ -47,8 +50,15 @@ void directory_watch::unsubscribe(const std::string& channel) {
 directory_watch::heard directory_watch::read() {
   heard h;
   if (broken_) return h;
-  if (redisBufferRead(context_) != REDIS_OK) {
-    broken_ = true;  // closed or failed
+  char chunk[16384];
+  const ssize_t n = ::read(context_->fd, chunk, sizeof(chunk));
+  if (n < 0 && errno == EINTR) return h;
+  // Closed, failed, or a reply longer than any message of the directory's
+  // (hiredis would buffer it all): listened to no more.
+  unfinished_ += n > 0 ? static_cast<std::size_t>(n) : 0;
+  if (n <= 0 || unfinished_ > max_message_bytes ||
+      redisReaderFeed(context_->reader, chunk, static_cast<std::size_t>(n)) != REDIS_OK) {
+    broken_ = true;
     return h;
   }
   for (;;) {
@@ -58,6 +68,8 @@ directory_watch::heard directory_watch::read() {
       return h;
     }
     if (raw == nullptr) return h;
+    // Bytes left over belong to the next reply.
+    unfinished_ = context_->reader->len - context_->reader->pos;
     auto* r = static_cast<redisReply*>(raw);
     // ["subscribe", channel, count] and ["message", channel, payload] cue
     // the channel's name; ["unsubscribe", ...] and anything else do not.

@@ -4,8 +4,8 @@
 // channel of a name's key when they put or withdraw it (directory.cpp), so
 // a wait wakes when its name changes rather than at its next look. What
 // arrives is only a cue to look again: a message's contents are never read
-// as an entry. A hostile server's words can cost looks, and the memory
-// hiredis buffers a reply in (it reads each whole).
+// as an entry. A hostile server's words can cost looks, and at most
+// max_message_bytes of memory a message.
 //
 // Thread safety: none; the directory's wait loop (directory_waits.hpp) owns
 // it.
@@ -13,6 +13,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,11 @@ namespace dlasync::remote_detail {
 
 class directory_watch {
  public:
+  // The longest message heard: a subscription's confirmation or a cue
+  // names a channel (a key: the prefix and a name of at most 512 bytes),
+  // and a writer's message is a word. A longer one breaks the connection.
+  static constexpr std::size_t max_message_bytes = std::size_t{64} << 10;
+
   // Connects, bounded by options.io_timeout: Unavailable when the server
   // cannot be reached.
   static absl::StatusOr<std::unique_ptr<directory_watch>> open(
@@ -64,6 +70,8 @@ class directory_watch {
   void send(const char* command, const std::string& channel);
   redisContext* context_;
   bool broken_ = false;
+  // Bytes read since the last whole reply.
+  std::size_t unfinished_ = 0;
 };
 
 }  // namespace dlasync::remote_detail

@@ -6,10 +6,12 @@
 
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -141,6 +143,57 @@ long long calls_of(std::uint16_t port, const std::string& command) {
   const std::size_t at = info.find(line);
   return at == std::string::npos ? 0 : std::atoll(info.c_str() + at + line.size());
 }
+
+// A server on loopback that is no Redis: it answers the first command of
+// each connection with a bulk string it announces as 1 GiB, and sends
+// 32 MiB of it before it closes the connection.
+class flooding_server {
+ public:
+  flooding_server() {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(a);
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(listen(fd_, 4) == 0);
+    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~flooding_server() {
+    stop_ = true;
+    thread_.join();
+    close(fd_);
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  void serve() {
+    while (!stop_) {
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, 50) <= 0) continue;
+      const int c = accept(fd_, nullptr, nullptr);
+      if (c < 0) continue;
+      char command[4096];
+      pollfd pc{c, POLLIN, 0};
+      if (poll(&pc, 1, 2000) > 0 && ::read(c, command, sizeof(command)) > 0) {
+        const std::string head = "$1073741824\r\n";
+        const std::string block(std::size_t{1} << 20, 'x');
+        bool open = send(c, head.data(), head.size(), MSG_NOSIGNAL) > 0;
+        for (int i = 0; i < 32 && open && !stop_; ++i) {
+          open = send(c, block.data(), block.size(), MSG_NOSIGNAL) > 0;
+        }
+      }
+      close(c);
+    }
+  }
+
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 // A descriptor of 4 bytes at a made-up exporter: what the directory keeps
 // (it is never imported).
@@ -810,6 +863,26 @@ TEST_CASE("what the store holds is untrusted: refused by name and kind, never mi
   auto apart = remote_directory::connect(other);
   REQUIRE(apart.ok());
   REQUIRE((*apart)->find("junk").status().code() == absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("a server that sends more than any reply can be is cut off, not buffered",
+          "[remote][directory]") {
+  // Before: hiredis read a reply whole, so a server that announced 1 GiB
+  // was buffered for as long as it sent (here 32 MiB, then it closed:
+  // Unavailable). Now the directory stops reading past the longest reply
+  // it can get (an entry and its framing) and drops the connection.
+  flooding_server server;
+  remote_directory_options o;
+  o.port = server.port();
+  o.io_timeout = 5000ms;
+  absl::StatusOr<std::unique_ptr<remote_directory>> dir = remote_directory::connect(o);
+  REQUIRE(dir.ok());
+  for (int i = 0; i < 2; ++i) {  // and again, on a new connection
+    absl::StatusOr<remote_entry> e = (*dir)->find("flood");
+    INFO(e.status().ToString());
+    CHECK(e.status().code() == absl::StatusCode::kDataLoss);
+    CHECK_THAT(std::string(e.status().message()), Catch::Contains("bytes for one reply"));
+  }
 }
 
 TEST_CASE("a directory whose server goes says so, and finds it again when it is back",

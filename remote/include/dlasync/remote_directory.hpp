@@ -13,7 +13,7 @@
 // else (remote_descriptor::decode, remote_bundle::decode, then the import's
 // validation), and an entry that is no string, or larger than
 // max_entry_bytes, is refused (an honest server sends at most one byte
-// past the bound; hiredis buffers whatever a server sends). The directory
+// past the bound; one that sends more for one reply is cut off). The directory
 // grants nothing by itself: a name leads to a lease, whose exporter
 // decides.
 //
