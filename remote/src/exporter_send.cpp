@@ -310,7 +310,9 @@ void remote_core::send_member_locked(publication& pub, std::uint32_t index, std:
                                      const remote_detail::piece_walk& walk) {
   const piece_plan plan = walk.plan();
   if (plan == piece_plan::none) return;  // read by RMA
-  if (plan == piece_plan::gathered) return send_gathered_locked(pub, index, place, request_id, ep);
+  if (plan == piece_plan::gathered) {
+    return send_gathered_locked(pub, index, place, walk.count(), request_id, ep);
+  }
   for (std::uint64_t i = 0; i < walk.count(); ++i) {
     const remote_detail::piece_range range = walk.at(i);
     remote_detail::piece header;
@@ -374,15 +376,17 @@ void remote_core::send_refusal_locked(const gather_target& to, absl::StatusCode 
   header.request_id = to.request_id;
   header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
   header.member = to.place;
-  header.count = 1;
+  header.count = to.pieces;
   send_locked(to.ep, remote_detail::am_piece, &header, sizeof(header));
 }
 
 void remote_core::send_gathered_locked(publication& pub, std::uint32_t index, std::uint32_t place,
-                                       std::uint64_t request_id, ucp_ep_h ep) {
+                                       std::uint64_t pieces, std::uint64_t request_id,
+                                       ucp_ep_h ep) {
   // The runtime compacts the tensor (the strided copy kernels, on its
-  // workers, within its copy budget); the copy goes as one piece. Only
-  // the tensor's elements leave, never the gaps between them.
+  // workers, within its copy budget); the copy goes in pieces of
+  // max_piece_bytes, all in flight together, each a sign of life. Only the
+  // tensor's elements leave, never the gaps between them.
   ++pub.reads_in_flight;
   const published_member& member = pub.members[index];
   const remote_descriptor& d = member.description;
@@ -396,6 +400,7 @@ void remote_core::send_gathered_locked(publication& pub, std::uint32_t index, st
   view.byte_offset = d.byte_offset;
   const gather_target to{.lease = pub.lease_id,
                          .bytes = member.plan.plan.byte_size,
+                         .pieces = pieces,
                          .request_id = request_id,
                          .place = place,
                          .ep = ep};
@@ -427,16 +432,23 @@ void remote_core::gather(tensor_description view, gather_target to) {
     self->on_read_done_locked(to.lease);
     if (self->stopping_ || self->importer_locked(to.ep) == nullptr) return;
     if (!t.ok()) return self->send_refusal_locked(to, t.status().code());
-    remote_detail::piece header;
-    header.request_id = to.request_id;
-    header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
-    header.member = to.place;
-    header.count = 1;
-    header.length = to.bytes;
+    // The copy lives until its last piece's send no longer reads it.
     auto copy = std::make_shared<tensor>(*std::move(t));
-    const void* data = copy->data();
-    self->send_with_data_locked(to.ep, remote_detail::am_piece, &header, sizeof(header), data,
-                                to.bytes, [copy](ucs_status_t) mutable { copy.reset(); });
+    const auto* bytes = static_cast<const unsigned char*>(copy->data());
+    for (std::uint64_t i = 0; i < to.pieces; ++i) {
+      const std::uint64_t offset = i * remote_detail::max_piece_bytes;
+      remote_detail::piece header;
+      header.request_id = to.request_id;
+      header.plan = static_cast<std::uint8_t>(piece_plan::gathered);
+      header.member = to.place;
+      header.index = i;
+      header.count = to.pieces;
+      header.offset = offset;
+      header.length = std::min(remote_detail::max_piece_bytes, to.bytes - offset);
+      self->send_with_data_locked(to.ep, remote_detail::am_piece, &header, sizeof(header),
+                                  bytes + offset, header.length,
+                                  [copy](ucs_status_t) mutable { copy.reset(); });
+    }
     self->ucx_->progress();
   };
   // Under gathers_mutex_: shutdown cancels through the slot.

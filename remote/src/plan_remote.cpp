@@ -256,13 +256,11 @@ piece_walk::piece_walk(const remote_descriptor& d, const remote_plan& p, piece_p
   switch (plan) {
     case piece_plan::whole:
     case piece_plan::dense:
-      // The span in pieces of max_piece_bytes, the last one shorter.
+    case piece_plan::gathered:
+      // The span (or the exporter's copy) in pieces of max_piece_bytes, the
+      // last one shorter.
       bytes_ = p.plan.byte_size;
       count_ = bytes_ / max_piece_bytes + (bytes_ % max_piece_bytes != 0 ? 1 : 0);
-      break;
-    case piece_plan::gathered:
-      count_ = 1;
-      bytes_ = p.plan.byte_size;
       break;
     case piece_plan::runs: {
       elem_ = d.type.padded_size();
@@ -286,7 +284,11 @@ piece_range piece_walk::at(std::uint64_t i) const {
       const std::uint64_t offset = i * max_piece_bytes;
       return piece_range{span_begin_ + offset, offset, std::min(max_piece_bytes, bytes_ - offset)};
     }
-    case piece_plan::gathered: return piece_range{0, 0, bytes_};
+    case piece_plan::gathered: {
+      // From the exporter's copy: its offset is the source.
+      const std::uint64_t offset = i * max_piece_bytes;
+      return piece_range{offset, offset, std::min(max_piece_bytes, bytes_ - offset)};
+    }
     case piece_plan::runs: {
       // Run i of the row-major walk: its outer index, last dimension
       // fastest. Validation bounded every offset.

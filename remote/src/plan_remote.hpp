@@ -107,7 +107,7 @@ piece_plan choose_plan(const remote_descriptor& d, const remote_plan& p, std::ui
                        std::uint64_t max_run = UINT64_MAX);
 
 // The pieces of a plan: piece i is `length` bytes read at `source` in the
-// exporter's address space (not for gathered pieces, which come from the
+// exporter's address space (for gathered pieces, at that offset of the
 // exporter's own copy) and written at `offset` of the importer's buffer,
 // which holds p.plan.byte_size bytes.
 struct piece_range {
@@ -132,7 +132,7 @@ class piece_walk {
   std::uint64_t count_ = 0;
   std::uint64_t first_ = 0;  // the first element's address
   std::uint64_t span_begin_ = 0;
-  std::uint64_t bytes_ = 0;  // whole, dense, gathered: the piece; runs: a run
+  std::uint64_t bytes_ = 0;  // whole, dense, gathered: the bytes cut; runs: a run
   std::uint64_t elem_ = 0;
   std::vector<std::int64_t> outer_shape_;
   std::vector<std::int64_t> outer_strides_;

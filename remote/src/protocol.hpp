@@ -70,10 +70,10 @@ inline constexpr unsigned am_piece = 0x4c04;
 inline constexpr unsigned am_packed = 0x4c05;
 
 inline constexpr std::uint32_t protocol_magic = 0x444c4152;  // "DLAR"
-inline constexpr std::uint16_t protocol_version = 4;
+inline constexpr std::uint16_t protocol_version = 5;
 
-// A whole or dense span is sent in pieces of this many bytes (the last one
-// shorter), all in flight together: each piece that arrives is a sign of
+// A whole or dense span, and a gathered copy, are sent in pieces of this
+// many bytes (the last one shorter), all in flight together: each piece that arrives is a sign of
 // life, and pieces of this size move faster through UCX's shared-memory
 // rendezvous than one piece of the whole span (docs/remote.md).
 inline constexpr std::uint64_t max_piece_bytes = std::uint64_t{4} << 20;
@@ -91,8 +91,9 @@ enum class piece_plan : std::uint8_t {
   dense = 2,
   // One piece per contiguous run of the row-major walk.
   runs = 3,
-  // One piece, a compact copy the exporter made of a tensor whose span has
-  // gaps or repeats (broadcasts, slices with short rows).
+  // A compact copy the exporter made of a tensor whose span has gaps or
+  // repeats (broadcasts, slices with short rows), in pieces of
+  // max_piece_bytes (one piece before protocol version 5).
   gathered = 4,
 };
 

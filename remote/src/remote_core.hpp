@@ -305,21 +305,23 @@ class remote_core : public std::enable_shared_from_this<remote_core> {
   void send_member_locked(publication& pub, std::uint32_t index, std::uint32_t place,
                           std::uint64_t request_id, ucp_ep_h ep,
                           const remote_detail::piece_walk& walk);
-  // A compact copy of the member's tensor, made by the runtime and sent as
-  // one piece when it is made.
+  // A compact copy of the member's tensor, made by the runtime and sent in
+  // its `pieces` when it is made.
   void send_gathered_locked(publication& pub, std::uint32_t index, std::uint32_t place,
-                            std::uint64_t request_id, ucp_ep_h ep);
+                            std::uint64_t pieces, std::uint64_t request_id, ucp_ep_h ep);
   // Where a gathered copy goes: the request, the member's place, the
   // importer's connection.
   struct gather_target {
     std::uint64_t lease = 0;
     std::uint64_t bytes = 0;
+    std::uint64_t pieces = 0;  // the copy's, as the member's walk cuts it
     std::uint64_t request_id = 0;
     std::uint32_t place = 0;
     ucp_ep_h ep = nullptr;
   };
-  // A compact copy of the published tensor `view`, sent as one piece when
-  // it is made. On the executor, without the node's lock.
+  // A compact copy of the published tensor `view`, sent in pieces of
+  // max_piece_bytes when it is made. On the executor, without the node's
+  // lock.
   void gather(tensor_description view, gather_target to);
   void cancel_gathers_locked();
   // Until every gather's handler has run. Without the node's lock.

@@ -23,6 +23,7 @@
 #include "dlasync/remote.hpp"
 #include "remote/remote_fixture.hpp"
 #include "remote/remote_support.hpp"
+#include "remote/src/protocol.hpp"
 #include "support/copy_budget.hpp"
 #include "support/runtime_fixture.hpp"
 
@@ -593,21 +594,22 @@ TEST_CASE("an exporter sends a strided tensor run by run only where runs pay on 
   // gathered copy and longer ones (UCX's rendezvous) did not; over TCP,
   // runs paid only from 256 KiB. Before, runs of 16 KiB and up went one by
   // one on every transport.
-  const auto [transports, floats, min_run, plan] = GENERATE(
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 8192, 0, 3},
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 32768, 0, 4},
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 8192, 0, 4},
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 65536, 0, 3},
-      // The node's own min_run_bytes decides alone, on any transport.
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"tcp", 8192, 1, 3},
-      std::tuple<std::string, std::int64_t, std::uint64_t, std::uint64_t>{"shm", 32768, 1, 3});
-  INFO("transports " << transports << ", rows of " << floats * 4 << " bytes, min_run_bytes "
-                     << min_run);
+  using row_case =
+      std::tuple<std::string, std::int64_t, std::int64_t, std::uint64_t, std::uint64_t>;
+  // transports, rows, floats a row, min_run_bytes, the plan (3: runs, 4: gathered)
+  const auto [transports, rows, floats, min_run, plan] =
+      GENERATE(row_case{"shm", 4, 8192, 0, 3}, row_case{"shm", 4, 32768, 0, 4},
+               row_case{"tcp", 4, 8192, 0, 4}, row_case{"tcp", 4, 65536, 0, 3},
+               // The node's own min_run_bytes decides alone, on any transport.
+               row_case{"tcp", 4, 8192, 1, 3}, row_case{"shm", 4, 32768, 1, 3},
+               // A gathered copy of 9 MiB goes in pieces of 4 MiB (before: one).
+               row_case{"tcp", 288, 8192, 0, 4});
+  INFO("transports " << transports << ", " << rows << " rows of " << floats * 4
+                     << " bytes, min_run_bytes " << min_run);
   remote_node_options o;
   o.transports = transports;
   o.min_run_bytes = min_run;
   auto out = make_importer(o);
-  constexpr std::int64_t rows = 4;
   auto p = publish_here(*out->node, "every_other_row", {rows, floats});
   auto hostile = start_hostile(transports);
   connect(*hostile, p->descriptor);
@@ -621,7 +623,10 @@ TEST_CASE("an exporter sends a strided tensor run by run only where runs pay on 
   reply >> word >> code >> hold_id >> secret >> got_plan >> pieces >> received;
   REQUIRE(code == 0);
   CHECK(got_plan == plan);  // 3: runs, 4: gathered
-  CHECK(pieces == (plan == 3 ? static_cast<std::uint64_t>(rows) : 1));
+  const std::uint64_t bytes = static_cast<std::uint64_t>(rows * floats) * sizeof(float);
+  CHECK(pieces == (plan == 3 ? static_cast<std::uint64_t>(rows)
+                             : (bytes + remote_detail::max_piece_bytes - 1) /
+                                   remote_detail::max_piece_bytes));
   CHECK(received == static_cast<std::uint64_t>(rows * floats) * sizeof(float));
   REQUIRE(hostile->ask("release " + std::to_string(p->descriptor.lease_id) + " " +
                        std::to_string(hold_id) + " " + std::to_string(secret)) == "sent");

@@ -73,11 +73,21 @@ TEST_CASE("a whole or dense span goes in pieces of max_piece_bytes, back to back
     CHECK(walk.at(1).source == p.span_begin + max_piece_bytes);
     CHECK(walk.at(1).offset + walk.at(1).length == p.span_bytes);
   }
-  SECTION("a gathered copy stays one piece, and an empty tensor has none") {
-    // Every other byte: gaps, so gathered.
-    const remote_descriptor gappy = described({2 * piece}, {2});
+  SECTION("a gathered copy goes in pieces of max_piece_bytes too, and an empty tensor has none") {
+    // Every other byte: gaps, so gathered. Before: one piece, whatever its
+    // size, so a large copy gave no sign of life until it was all there.
+    const remote_descriptor gappy = described({2 * piece + 5}, {2});
     const auto [gathered, p] = walk_of(gappy, piece_plan::gathered);
-    CHECK(gathered.count() == 1);
+    REQUIRE(gathered.count() == 3);
+    for (std::uint64_t i = 0; i < 3; ++i) {
+      const remote_detail::piece_range r = gathered.at(i);
+      CHECK(r.offset == i * max_piece_bytes);
+      CHECK(r.source == r.offset);  // from the exporter's copy
+      CHECK(r.length == (i < 2 ? max_piece_bytes : 5));
+    }
+    const auto [small, s] = walk_of(described({100}, {2}), piece_plan::gathered);
+    CHECK(small.count() == 1);
+    CHECK(small.at(0).length == 100);
     const auto [empty, q] = walk_of(described({0}, {1}), piece_plan::whole);
     CHECK(empty.count() == 0);
   }
