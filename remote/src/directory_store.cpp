@@ -1,10 +1,13 @@
 #include "remote/src/directory_store.hpp"
 
+#include <poll.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -30,6 +33,37 @@ bool is_digest(const redisReply& r) {
                      [](char c) { return absl::ascii_isxdigit(static_cast<unsigned char>(c)); });
 }
 
+// hiredis's own reply functions, and a table of them whose arrays are
+// bounded: hiredis allocates an array's element pointers as its header
+// announces them ("*2147483647" is 16 GiB), before any element comes. The
+// directory's replies hold at most 3 elements; a longer array makes the
+// reader fail (out of memory), which the caller takes as no reply.
+struct bounded_replies {
+  const redisReplyObjectFunctions* own = nullptr;
+  redisReplyObjectFunctions table{};
+};
+
+constexpr int max_reply_elements = 16;
+
+void* bounded_array(const redisReadTask* task, int elements);
+
+// Made from the first context's functions (hiredis's, the same for all).
+bounded_replies& replies(const redisReplyObjectFunctions* own = nullptr) {
+  static bounded_replies r = [own] {
+    bounded_replies b;
+    b.own = own;
+    b.table = *own;
+    b.table.createArray = &bounded_array;
+    return b;
+  }();
+  return r;
+}
+
+void* bounded_array(const redisReadTask* task, int elements) {
+  if (elements < 0 || elements > max_reply_elements) return nullptr;
+  return replies().own->createArray(task, elements);
+}
+
 }  // namespace
 
 absl::Status unreachable(const remote_directory_options& options, std::string_view what) {
@@ -51,6 +85,7 @@ absl::StatusOr<redisContext*> connect_redis(const remote_directory_options& opti
     redisFree(c);
     return unreachable(options, "its timeout cannot be set");
   }
+  if (c->reader->fn != nullptr) c->reader->fn = &replies(c->reader->fn).table;
   return c;
 }
 
@@ -93,22 +128,47 @@ absl::StatusOr<reply_ptr> redis_store::command_locked(const std::vector<std::str
                              lengths.data()) != REDIS_OK) {
     return drop(unreachable(options_, context_->errstr));
   }
-  for (int written = 0; written == 0;) {  // each write bounded by io_timeout
+  // The whole command, written and answered, within io_timeout (at most a
+  // day): a server that trickles its reply a byte at a time is cut off too.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::min(options_.io_timeout, std::chrono::milliseconds(86400000));
+  auto ready = [&](short events) {
+    for (;;) {
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{context_->fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r >= 0) return r > 0;  // readable or writable, or an error the call reports
+      if (errno != EINTR) return true;
+    }
+  };
+  auto late = [&] {
+    return unreachable(options_, absl::StrCat("no reply within io_timeout (",
+                                              options_.io_timeout.count(), " ms)"));
+  };
+  for (int written = 0; written == 0;) {
+    if (!ready(POLLOUT)) return drop(late());
     if (redisBufferWrite(context_, &written) != REDIS_OK) {
       return drop(unreachable(options_, context_->errstr));
     }
   }
   // The reply, read here rather than by hiredis, which would buffer all a
-  // server sends for it: past max_reply_bytes the server is cut off.
+  // server sends for it: past max_reply_bytes the server is cut off. Every
+  // reply ends a line, so it is looked for only after a line's end came.
   std::size_t read = 0;
+  bool line_ended = true;
   for (;;) {
-    void* reply = nullptr;
-    if (redisGetReplyFromReader(context_, &reply) != REDIS_OK) {
-      return drop(absl::DataLossError(absl::StrCat(
-          "the directory's Redis server at ", options_.address, " port ", options_.port,
-          " sent bytes that are no reply (", context_->errstr, "); the connection was dropped")));
+    if (line_ended) {
+      void* reply = nullptr;
+      if (redisGetReplyFromReader(context_, &reply) != REDIS_OK) {
+        return drop(absl::DataLossError(
+            absl::StrCat("the directory's Redis server at ", options_.address, " port ",
+                         options_.port, " sent bytes that are no reply of the directory's (",
+                         context_->errstr, "); the connection was dropped")));
+      }
+      if (reply != nullptr) return reply_ptr(static_cast<redisReply*>(reply));
     }
-    if (reply != nullptr) return reply_ptr(static_cast<redisReply*>(reply));
     if (read > max_reply_bytes) {
       return drop(absl::DataLossError(absl::StrCat(
           "the directory's Redis server at ", options_.address, " port ", options_.port,
@@ -116,18 +176,17 @@ absl::StatusOr<reply_ptr> redis_store::command_locked(const std::vector<std::str
           " bytes for one reply, more than any reply of the directory's (an entry is at most ",
           remote_directory::max_entry_bytes, " bytes); the connection was dropped")));
     }
+    if (!ready(POLLIN)) return drop(late());
     char chunk[16384];
-    const ssize_t n = ::read(context_->fd, chunk, sizeof(chunk));  // bounded by io_timeout
+    const ssize_t n = ::read(context_->fd, chunk, sizeof(chunk));
     if (n < 0 && errno == EINTR) continue;
     if (n == 0) return drop(unreachable(options_, "it closed the connection"));
     if (n < 0) {
-      return drop(unreachable(
-          options_,
-          errno == EAGAIN || errno == EWOULDBLOCK
-              ? absl::StrCat("no reply within io_timeout (", options_.io_timeout.count(), " ms)")
-              : absl::StrCat("reading its reply failed (errno ", errno, ")")));
+      return drop(
+          unreachable(options_, absl::StrCat("reading its reply failed (errno ", errno, ")")));
     }
     read += static_cast<std::size_t>(n);
+    line_ended = std::memchr(chunk, '\n', static_cast<std::size_t>(n)) != nullptr;
     if (redisReaderFeed(context_->reader, chunk, static_cast<std::size_t>(n)) != REDIS_OK) {
       return drop(unreachable(options_, "out of memory"));
     }

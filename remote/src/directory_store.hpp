@@ -1,8 +1,9 @@
 // `redis_store` (internal): a directory's one connection to its Redis
 // server for commands (its waits' subscription has another,
-// directory_watch.hpp), through hiredis's blocking client. One command at a time under
-// its lock, each bounded by io_timeout; a connection that broke is made
-// afresh by the next command. Scripts go by their digest (EVALSHA), loaded
+// directory_watch.hpp): hiredis's context, parser and reply objects, its
+// bytes written and read here. One command at a time under its lock, each
+// (written and answered) within io_timeout; a connection that broke is
+// made afresh by the next command. Scripts go by their digest (EVALSHA), loaded
 // once (SCRIPT LOAD) and again when the server has lost them (NOSCRIPT:
 // restarted, or SCRIPT FLUSH); a server that will not load them (an ACL
 // that refuses SCRIPT LOAD) is sent each script whole (EVAL), as before.

@@ -4,8 +4,9 @@
 // channel of a name's key when they put or withdraw it (directory.cpp), so
 // a wait wakes when its name changes rather than at its next look. What
 // arrives is only a cue to look again: a message's contents are never read
-// as an entry. A hostile server's words can cost looks, and at most
-// max_message_bytes of memory a message.
+// as an entry. A hostile server's words can cost looks, and the memory
+// of at most max_message_bytes a message (arrays bounded by
+// connect_redis's reply functions).
 //
 // Thread safety: none; the directory's wait loop (directory_waits.hpp) owns
 // it.

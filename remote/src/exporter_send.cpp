@@ -4,6 +4,7 @@
 // compact copy the runtime gathers).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -145,18 +146,23 @@ void remote_core::on_hold_request_locked(const hold_request& m, const void* memb
   ++pub.granted;
   r.remaining_us = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(pub.end - now).count());
-  const run_range runs = sent_runs_locked(ep);
   // How each member asked for is sent, walked once for the grant and the
-  // pieces alike.
+  // pieces alike. The connection's transport is asked about only for a
+  // member that could go run by run.
+  std::optional<run_range> runs;
   std::vector<remote_detail::piece_walk> walks;
   walks.reserve(asked->size());
   for (std::uint32_t index : *asked) {
     const published_member& member = pub.members[index];
-    walks.emplace_back(
-        member.description, member.plan,
-        m.send_bytes != 0
-            ? remote_detail::choose_plan(member.description, member.plan, runs.least, runs.most)
-            : piece_plan::none);
+    piece_plan plan = piece_plan::none;
+    if (m.send_bytes != 0) {
+      plan = remote_detail::choose_plan(member.description, member.plan, 1);
+      if (plan == piece_plan::runs) {
+        if (!runs) runs = sent_runs_locked(ep);
+        plan = remote_detail::choose_plan(member.description, member.plan, runs->least, runs->most);
+      }
+    }
+    walks.emplace_back(member.description, member.plan, plan);
     r.pieces += walks.back().count();
   }
   if (listed) return grant_bundle_locked(it, r, m, *asked, walks, ep);

@@ -63,6 +63,9 @@ std::uint64_t description_digest(const remote_descriptor& d);
 // binds to serve every interface but which names no host to connect to.
 bool is_numeric_address(const std::string& address);
 bool is_wildcard_address(const std::string& address);
+// A numeric address as a decoded descriptor spells it (inet_ntop's text:
+// "2001:DB8::1" is "2001:db8::1"); anything else as it is.
+std::string canonical_address(const std::string& address);
 
 // How an importer fetches a validated remote tensor: the exporter's pieces
 // (active messages) into a compact buffer, or, between trusted peers, RMA

@@ -103,8 +103,11 @@ absl::Status remote_core::start() {
                                          options_.listen_port, ": ", port.status().message()));
       }
       listen_address_ = options_.listen_address;
-      advertised_address_ = options_.advertised_address.empty() ? options_.listen_address
-                                                                : options_.advertised_address;
+      // Spelled as a decoded descriptor spells it, so that a descriptor
+      // compares equal after a round trip.
+      advertised_address_ = remote_detail::canonical_address(options_.advertised_address.empty()
+                                                                 ? options_.listen_address
+                                                                 : options_.advertised_address);
       listen_port_ = *port;
     }
   }

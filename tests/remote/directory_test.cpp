@@ -145,11 +145,18 @@ long long calls_of(std::uint16_t port, const std::string& command) {
 }
 
 // A server on loopback that is no Redis: it answers the first command of
-// each connection with a bulk string it announces as 1 GiB, and sends
-// 32 MiB of it before it closes the connection.
-class flooding_server {
+// each connection with `head`, then `flood_mib` MiB of 'x', then each byte
+// of `trickle` `every` apart, and keeps the connection until the client
+// closes it.
+class fake_redis {
  public:
-  flooding_server() {
+  struct reply {
+    std::string head;
+    int flood_mib = 0;
+    std::string trickle;
+    std::chrono::milliseconds every{0};
+  };
+  explicit fake_redis(reply r) : reply_(std::move(r)) {
     fd_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -161,12 +168,17 @@ class flooding_server {
     port_ = ntohs(a.sin_port);
     thread_ = std::thread([this] { serve(); });
   }
-  ~flooding_server() {
+  ~fake_redis() {
     stop_ = true;
     thread_.join();
     close(fd_);
   }
-  std::uint16_t port() const { return port_; }
+  remote_directory_options options(std::chrono::milliseconds io_timeout) const {
+    remote_directory_options o;
+    o.port = port_;
+    o.io_timeout = io_timeout;
+    return o;
+  }
 
  private:
   void serve() {
@@ -178,17 +190,26 @@ class flooding_server {
       char command[4096];
       pollfd pc{c, POLLIN, 0};
       if (poll(&pc, 1, 2000) > 0 && ::read(c, command, sizeof(command)) > 0) {
-        const std::string head = "$1073741824\r\n";
         const std::string block(std::size_t{1} << 20, 'x');
-        bool open = send(c, head.data(), head.size(), MSG_NOSIGNAL) > 0;
-        for (int i = 0; i < 32 && open && !stop_; ++i) {
+        bool open = send(c, reply_.head.data(), reply_.head.size(), MSG_NOSIGNAL) > 0;
+        for (int i = 0; i < reply_.flood_mib && open && !stop_; ++i) {
           open = send(c, block.data(), block.size(), MSG_NOSIGNAL) > 0;
+        }
+        for (std::size_t i = 0; i < reply_.trickle.size() && open && !stop_; ++i) {
+          std::this_thread::sleep_for(reply_.every);
+          open = send(c, &reply_.trickle[i], 1, MSG_NOSIGNAL) > 0;
+        }
+        // Until the client goes.
+        while (open && !stop_) {
+          pollfd gone{c, POLLIN, 0};
+          if (poll(&gone, 1, 50) > 0) open = ::read(c, command, sizeof(command)) > 0;
         }
       }
       close(c);
     }
   }
 
+  reply reply_;
   int fd_ = -1;
   std::uint16_t port_ = 0;
   std::atomic<bool> stop_{false};
@@ -867,21 +888,38 @@ TEST_CASE("what the store holds is untrusted: refused by name and kind, never mi
 
 TEST_CASE("a server that sends more than any reply can be is cut off, not buffered",
           "[remote][directory]") {
-  // Before: hiredis read a reply whole, so a server that announced 1 GiB
-  // was buffered for as long as it sent (here 32 MiB, then it closed:
-  // Unavailable). Now the directory stops reading past the longest reply
-  // it can get (an entry and its framing) and drops the connection.
-  flooding_server server;
-  remote_directory_options o;
-  o.port = server.port();
-  o.io_timeout = 5000ms;
-  absl::StatusOr<std::unique_ptr<remote_directory>> dir = remote_directory::connect(o);
-  REQUIRE(dir.ok());
-  for (int i = 0; i < 2; ++i) {  // and again, on a new connection
-    absl::StatusOr<remote_entry> e = (*dir)->find("flood");
-    INFO(e.status().ToString());
-    CHECK(e.status().code() == absl::StatusCode::kDataLoss);
-    CHECK_THAT(std::string(e.status().message()), Catch::Contains("bytes for one reply"));
+  auto find_twice = [](const fake_redis& server, std::chrono::milliseconds io_timeout,
+                       absl::StatusCode code, const std::string& words) {
+    absl::StatusOr<std::unique_ptr<remote_directory>> dir =
+        remote_directory::connect(server.options(io_timeout));
+    REQUIRE(dir.ok());
+    for (int i = 0; i < 2; ++i) {  // and again, on a new connection
+      const auto start = std::chrono::steady_clock::now();
+      absl::StatusOr<remote_entry> e = (*dir)->find("flood");
+      INFO(e.status().ToString());
+      CHECK(e.status().code() == code);
+      CHECK_THAT(std::string(e.status().message()), Catch::Contains(words));
+      CHECK(std::chrono::steady_clock::now() - start < io_timeout + 1s);
+    }
+  };
+  SECTION("a bulk string announced as 1 GiB") {
+    // Before: hiredis read a reply whole, so it buffered all the server
+    // sent (here 32 MiB, then it waited: Unavailable at io_timeout). Now
+    // the directory stops past the longest reply it can get (an entry and
+    // its framing) and drops the connection.
+    fake_redis server({.head = "$1073741824\r\n", .flood_mib = 32, .trickle = "", .every = 0ms});
+    find_twice(server, 5000ms, absl::StatusCode::kDataLoss, "bytes for one reply");
+  }
+  SECTION("an array announced with 2^31 elements") {
+    // Before: hiredis allocated the 16 GiB of element pointers announced.
+    fake_redis server({.head = "*2147483647\r\n", .flood_mib = 0, .trickle = "", .every = 0ms});
+    find_twice(server, 5000ms, absl::StatusCode::kDataLoss, "no reply of the directory's");
+  }
+  SECTION("a reply trickled a byte at a time") {
+    // Before: io_timeout bounded each read, so a byte every 400 ms kept the
+    // command (and the directory's lock) for as long as the server liked.
+    fake_redis server({.head = "$5\r\n", .flood_mib = 0, .trickle = "entry\r\n", .every = 400ms});
+    find_twice(server, 1000ms, absl::StatusCode::kUnavailable, "no reply within io_timeout");
   }
 }
 

@@ -235,16 +235,18 @@ struct remote_node_options {
   std::string transports;
   // Where this node listens for importers' connections: a numeric IPv4 or
   // IPv6 address of this host that the importers reach (127.0.0.1 serves
-  // this host's processes only), and a port (0: a free one). Descriptors
-  // name this address and port. Empty: no listener; the node imports but
+  // this host's processes only), or a wildcard with advertised_address, and
+  // a port (0: a free one). Descriptors name this address (or
+  // advertised_address) and port. Empty: no listener; the node imports but
   // cannot publish.
   std::string listen_address = "127.0.0.1";
   std::uint16_t listen_port = 0;
   // The address descriptors name, where it is not listen_address: needed
   // when the node listens on every interface (listen_address "0.0.0.0" or
   // "::", which names no host), and for a host that importers reach at
-  // another address (a container's published port, a NAT). A numeric IPv4
-  // or IPv6 address, not a wildcard. Empty: listen_address.
+  // another address (a NAT, a container's published address). Descriptors
+  // name listen_port with it, so a forwarded port must be the same one. A
+  // numeric IPv4 or IPv6 address, not a wildcard. Empty: listen_address.
   std::string advertised_address;
   // The most importers connected to the listener at once; more are
   // refused until one goes. At least 1.
@@ -401,8 +403,8 @@ class remote_node {
   remote_import_counts imports_completed() const;
   // Importers connected to this node's listener.
   std::size_t connections() const;
-  // Where this node listens (descriptors name it): its address and port;
-  // empty and 0 without a listener.
+  // Where this node listens: its address and port (descriptors name the
+  // port, with advertised_address); empty and 0 without a listener.
   std::string listen_address() const;
   // The address its descriptors name (advertised_address, or
   // listen_address); empty without a listener.
