@@ -45,9 +45,13 @@ absl::StatusOr<std::unique_ptr<remote_inputs>> remote_inputs::create(runtime& rt
   no.transports = o.transports;
   no.listen_address.clear();  // it imports only
   no.import_timeout = o.timeout;
+  if (o.min_port == 0 || o.min_port > o.max_port) {
+    return absl::InvalidArgumentError(absl::StrCat("exporter ports ", o.min_port, "-", o.max_port,
+                                                   ": give a range of ports from 1 up"));
+  }
   absl::StatusOr<std::unique_ptr<remote_node>> node = remote_node::create(rt, no);
   if (!node.ok()) return node.status();
-  return std::unique_ptr<remote_inputs>(new remote_inputs(*std::move(node)));
+  return std::unique_ptr<remote_inputs>(new remote_inputs(*std::move(node), o));
 }
 
 remote_inputs::~remote_inputs() {
@@ -69,6 +73,12 @@ asio::awaitable<absl::Status> remote_inputs::fetch(infer_request& r, std::string
         "the request's dlasync_bundle names an exporter at ", clip(bundle->exporter_address),
         ", not the host the request came from (", peer.empty() ? "unknown" : peer,
         "): this server fetches a bundle only from the peer that sends the request"));
+  }
+  if (bundle->exporter_port < min_port_ || bundle->exporter_port > max_port_) {
+    co_return absl::PermissionDeniedError(absl::StrCat(
+        "the request's dlasync_bundle names an exporter at port ", bundle->exporter_port,
+        " of its host, outside the ports this server fetches from (", min_port_, "-", max_port_,
+        ", --remote_input_ports): publish on a port in that range"));
   }
   // Each member at most once, and as its input says, before anything moves.
   const std::size_t count = bundle->members.size();

@@ -12,7 +12,9 @@
 //   OutOfRange        a member past the bundle's;
 //   PermissionDenied  an exporter other than the host the request came
 //                     from: the server never connects where a request
-//                     tells it to, only back to the sender;
+//                     tells it to, only back to the sender; or a port of
+//                     the sender's outside the ports the server fetches
+//                     from (by default none below 1024);
 // then what import_remote_bundle says (NotFound for a lease that has ended,
 // Unavailable for an exporter that cannot be reached, DeadlineExceeded
 // past the import's timeout...), each naming the request's bundle. The
@@ -24,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -39,6 +42,13 @@ class remote_inputs final : public bundle_fetcher {
     std::string transports;  // UCX_TLS's syntax; empty: UCX's choice
     // How long fetching one request's bundle may take.
     std::chrono::milliseconds timeout{std::chrono::seconds(10)};
+    // The exporter ports a bundle may name on the sender's host. By default
+    // none below 1024: a request cannot make the server open a connection
+    // to the sender's privileged services (ssh, http, the server's own when
+    // the sender is local). Narrow it to the ports the clients' nodes
+    // listen on.
+    std::uint16_t min_port = 1024;
+    std::uint16_t max_port = 65535;
   };
 
   // A node of `rt` that imports (it publishes nothing, so it has no
@@ -52,9 +62,12 @@ class remote_inputs final : public bundle_fetcher {
   void shutdown();
 
  private:
-  explicit remote_inputs(std::unique_ptr<remote_node> node) : node_(std::move(node)) {}
+  remote_inputs(std::unique_ptr<remote_node> node, const options& o)
+      : node_(std::move(node)), min_port_(o.min_port), max_port_(o.max_port) {}
 
   std::unique_ptr<remote_node> node_;
+  std::uint16_t min_port_;
+  std::uint16_t max_port_;
 };
 
 }  // namespace dlasync::examples::kserve

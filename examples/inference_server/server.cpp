@@ -37,7 +37,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "accept_loop.hpp"
 #include "asio/ip/tcp.hpp"
 #include "asio/post.hpp"
@@ -106,6 +108,9 @@ ABSL_FLAG(bool, allow_client_shm, false,
 ABSL_FLAG(bool, allow_remote_inputs, false,
           "Over the UCX transport, take inputs that a request names in a remote bundle "
           "(dlasync_bundle): fetch them from the client's host with dlasync::remote.");
+ABSL_FLAG(std::string, remote_input_ports, "1024-65535",
+          "With --allow_remote_inputs, the ports of the client's host a bundle may name as its "
+          "exporter's (LOW-HIGH); by default none below 1024.");
 ABSL_FLAG(std::string, ucx_port_file, "", "Write the UCX port to this file once listening.");
 ABSL_FLAG(std::string, ucx_transports, "",
           "UCX transports for the UCX listener (UCX_TLS's syntax; empty: UCX's choice).");
@@ -120,6 +125,23 @@ namespace dlasync::examples {
 namespace {
 
 using asio::ip::tcp;
+
+// LOW-HIGH into `low` and `high` (1 to 65535, low at most high): OK, or
+// InvalidArgument naming --remote_input_ports.
+absl::Status port_range(const std::string& text, std::uint16_t& low, std::uint16_t& high) {
+  const std::vector<std::string> parts = absl::StrSplit(text, '-');
+  int lo = 0;
+  int hi = 0;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &lo) || !absl::SimpleAtoi(parts[1], &hi) ||
+      lo < 1 || hi > 65535 || lo > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--remote_input_ports=", text,
+                     ": give LOW-HIGH, ports from 1 to 65535, such as 1024-65535"));
+  }
+  low = static_cast<std::uint16_t>(lo);
+  high = static_cast<std::uint16_t>(hi);
+  return absl::OkStatus();
+}
 
 // Resident set size of this process in MiB, from /proc.
 double rss_mib() {
@@ -162,6 +184,15 @@ asio::error_code listen_on(tcp::acceptor& acceptor, int port) {
 }
 
 int run() {
+  // Flags that can be wrong: refused before anything starts.
+  std::uint16_t remote_low = 0;
+  std::uint16_t remote_high = 0;
+  if (const absl::Status ports =
+          port_range(absl::GetFlag(FLAGS_remote_input_ports), remote_low, remote_high);
+      !ports.ok()) {
+    std::fprintf(stderr, "dlasync_server: %s\n", std::string(ports.message()).c_str());
+    return 2;
+  }
   const std::uint64_t budget =
       static_cast<std::uint64_t>(std::max(1, absl::GetFlag(FLAGS_memory_budget_mib))) << 20;
   runtime_options ro;
@@ -336,6 +367,8 @@ int run() {
       kserve::remote_inputs::options ro;
       ro.transports = uo.transports;
       ro.timeout = std::max(limits.read_timeout, std::chrono::milliseconds(1000));
+      ro.min_port = remote_low;
+      ro.max_port = remote_high;
       absl::StatusOr<std::unique_ptr<kserve::remote_inputs>> r =
           kserve::remote_inputs::create(rt, ro);
       if (!r.ok()) {

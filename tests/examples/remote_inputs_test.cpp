@@ -152,6 +152,44 @@ TEST_CASE("a request's inputs come as one remote bundle, from the host that sent
     require_status(answer(echo_request(ex.publish(), 0, 1), server, "").status(),
                    absl::StatusCode::kPermissionDenied, {"(unknown)"});
   }
+  SECTION(
+      "a port of the sender's host below 1024, or outside the range given, is never contacted") {
+    // Before: any port of the sender's host, so a request could make the
+    // server open a connection to the sender's ssh or http service.
+    const auto with_port = [](const std::string& encoded, std::uint16_t port) {
+      std::string bytes;
+      REQUIRE(absl::Base64Unescape(encoded, &bytes));
+      absl::StatusOr<remote_bundle> b = remote_bundle::decode(bytes);
+      REQUIRE(b.ok());
+      b->exporter_port = port;
+      for (remote_bundle::member& m : b->members) m.descriptor.exporter_port = port;
+      return absl::Base64Escape(b->encode());
+    };
+    const std::string b = ex.publish();
+    require_status(answer(echo_request(with_port(b, 22), 0, 1), server).status(),
+                   absl::StatusCode::kPermissionDenied,
+                   {"names an exporter at port 22 of its host, outside the ports this server "
+                    "fetches from (1024-65535, --remote_input_ports)"});
+    // A range that leaves the exporter's port out (on a runtime of its
+    // own: a runtime has one node; the refusal comes before it is used).
+    const std::unique_ptr<runtime> other = testing::make_runtime(1);
+    remote_inputs::options narrow = ro;
+    narrow.min_port = 1;
+    narrow.max_port = 1023;
+    absl::StatusOr<std::unique_ptr<remote_inputs>> strict = remote_inputs::create(*other, narrow);
+    REQUIRE(strict.ok());
+    const message_server guarded{*host.models, shm, budget, pool, strict->get()};
+    require_status(answer(echo_request(b, 0, 1), guarded).status(),
+                   absl::StatusCode::kPermissionDenied, {"(1-1023, --remote_input_ports)"});
+    (*strict)->shutdown();
+    // Refused before any hold: the bundle is still whole.
+    REQUIRE(answer(echo_request(b, 0, 1), server).ok());
+    CHECK(ex.all_released());
+    narrow.min_port = 2000;
+    narrow.max_port = 1000;
+    REQUIRE(remote_inputs::create(*other, narrow).status().code() ==
+            absl::StatusCode::kInvalidArgument);
+  }
   SECTION("members past the bundle, named twice, or not as the input says") {
     const std::string b = ex.publish();
     require_status(answer(echo_request(b, 5, 1), server).status(), absl::StatusCode::kOutOfRange,
