@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dlasync/limits.hpp"
+#include "remote/src/numeric_address.hpp"
 #include "remote/src/plan_remote.hpp"
 
 namespace dlasync {
@@ -150,11 +152,10 @@ absl::Status get_tensor(reader& r, remote_descriptor& d) {
 // The exporter's listener: its address's bytes (4 or 16, none when the text
 // is not numeric), then the port.
 void put_listener(writer& w, const std::string& address_text, std::uint16_t port) {
-  std::string address(sizeof(in6_addr), '\0');
-  if (inet_pton(AF_INET, address_text.c_str(), address.data()) == 1) {
-    address.resize(sizeof(in_addr));
-  } else if (inet_pton(AF_INET6, address_text.c_str(), address.data()) != 1) {
-    address.clear();
+  std::string address;
+  if (const std::optional<remote_detail::numeric_address> a =
+          remote_detail::parse_address(address_text)) {
+    address.assign(reinterpret_cast<const char*>(a->bytes.data()), a->length());
   }
   w.blob(address);
   w.put<std::uint16_t>(port);

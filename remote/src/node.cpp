@@ -9,6 +9,7 @@
 #include "asio/use_awaitable.hpp"
 #include "dlasync/import.hpp"
 #include "dlasync/producer.hpp"
+#include "remote/src/numeric_address.hpp"
 #include "remote/src/plan_remote.hpp"
 #include "remote/src/remote_core.hpp"
 #include "remote/src/remote_import.hpp"

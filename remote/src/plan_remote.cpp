@@ -1,7 +1,5 @@
 #include "remote/src/plan_remote.hpp"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <array>
 #include <string>
@@ -12,43 +10,11 @@
 #include "absl/strings/string_view.h"
 #include "dlasync/producer.hpp"
 #include "dlasync/validate.hpp"
+#include "remote/src/numeric_address.hpp"
 #include "transfer/src/layout/strided_layout.hpp"
 #include "transfer/src/plan/transfer_plan.hpp"
 
 namespace dlasync::remote_detail {
-
-bool is_numeric_address(const std::string& address) {
-  std::array<unsigned char, 16> bytes{};
-  return inet_pton(AF_INET, address.c_str(), bytes.data()) == 1 ||
-         inet_pton(AF_INET6, address.c_str(), bytes.data()) == 1;
-}
-
-bool is_wildcard_address(const std::string& address) {
-  std::array<unsigned char, 16> bytes{};
-  const auto zero = [&](std::size_t from, std::size_t to) {
-    return std::all_of(bytes.begin() + static_cast<std::ptrdiff_t>(from),
-                       bytes.begin() + static_cast<std::ptrdiff_t>(to),
-                       [](unsigned char b) { return b == 0; });
-  };
-  if (inet_pton(AF_INET, address.c_str(), bytes.data()) == 1) return zero(0, 4);
-  if (inet_pton(AF_INET6, address.c_str(), bytes.data()) != 1) return false;
-  // ::, or 0.0.0.0 mapped into IPv6 (::ffff:0.0.0.0), which Linux routes as
-  // 0.0.0.0.
-  const bool mapped = zero(0, 10) && bytes[10] == 0xff && bytes[11] == 0xff;
-  return mapped ? zero(12, 16) : zero(0, 16);
-}
-
-std::string canonical_address(const std::string& address) {
-  std::array<unsigned char, 16> bytes{};
-  char text[INET6_ADDRSTRLEN] = {};
-  for (const int family : {AF_INET, AF_INET6}) {
-    if (inet_pton(family, address.c_str(), bytes.data()) == 1 &&
-        inet_ntop(family, bytes.data(), text, sizeof(text)) != nullptr) {
-      return text;
-    }
-  }
-  return address;
-}
 
 namespace {
 

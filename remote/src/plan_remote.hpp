@@ -19,7 +19,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -57,15 +56,6 @@ absl::Status for_member(const absl::Status& s, std::size_t i, std::size_t n);
 // data address), hashed: a hold request carries the importer's, the
 // exporter compares it with its own.
 std::uint64_t description_digest(const remote_descriptor& d);
-
-// Whether `address` is a numeric IPv4 or IPv6 address (inet_pton's
-// text), and whether it is the wildcard (0.0.0.0, ::), which a listener
-// binds to serve every interface but which names no host to connect to.
-bool is_numeric_address(const std::string& address);
-bool is_wildcard_address(const std::string& address);
-// A numeric address as a decoded descriptor spells it (inet_ntop's text:
-// "2001:DB8::1" is "2001:db8::1"); anything else as it is.
-std::string canonical_address(const std::string& address);
 
 // How an importer fetches a validated remote tensor: the exporter's pieces
 // (active messages) into a compact buffer, or, between trusted peers, RMA

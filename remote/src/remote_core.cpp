@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "asio/post.hpp"
+#include "remote/src/numeric_address.hpp"
 #include "remote/src/remote_import.hpp"
 
 namespace dlasync::detail {

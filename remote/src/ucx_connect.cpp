@@ -7,10 +7,12 @@
 #include <sys/socket.h>
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "remote/src/numeric_address.hpp"
 #include "remote/src/ucx_error.hpp"
 #include "remote/src/ucx_worker.hpp"
 
@@ -28,12 +30,15 @@ absl::StatusOr<socket_address> parse(const std::string& address, std::uint16_t p
   socket_address out;
   auto* v4 = reinterpret_cast<sockaddr_in*>(&out.storage);
   auto* v6 = reinterpret_cast<sockaddr_in6*>(&out.storage);
-  if (inet_pton(AF_INET, address.c_str(), &v4->sin_addr) == 1) {
+  const std::optional<remote_detail::numeric_address> a = remote_detail::parse_address(address);
+  if (a && a->v4) {
     v4->sin_family = AF_INET;
+    std::memcpy(&v4->sin_addr, a->bytes.data(), sizeof(v4->sin_addr));
     v4->sin_port = htons(port);
     out.length = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, address.c_str(), &v6->sin6_addr) == 1) {
+  } else if (a) {
     v6->sin6_family = AF_INET6;
+    std::memcpy(&v6->sin6_addr, a->bytes.data(), sizeof(v6->sin6_addr));
     v6->sin6_port = htons(port);
     out.length = sizeof(sockaddr_in6);
   } else {
