@@ -21,6 +21,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "asio/bind_cancellation_slot.hpp"
@@ -47,15 +48,9 @@ std::string redis_server_path() {
 }
 
 std::uint16_t free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(a);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+  const auto [fd, port] = loopback_socket(0);
   close(fd);
-  return ntohs(a.sin_port);
+  return port;
 }
 
 // A Redis server of the test's own, on loopback, saving nothing.
@@ -157,15 +152,7 @@ class fake_redis {
     std::chrono::milliseconds every{0};
   };
   explicit fake_redis(reply r) : reply_(std::move(r)) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(a);
-    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-    REQUIRE(listen(fd_, 4) == 0);
-    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length) == 0);
-    port_ = ntohs(a.sin_port);
+    std::tie(fd_, port_) = loopback_socket(4);
     thread_ = std::thread([this] { serve(); });
   }
   ~fake_redis() {

@@ -73,18 +73,7 @@ std::uint16_t hostile_listens(peer_process& hostile, const std::string& mode, st
 // them) and never says a word: UCX's connection to it is never wired up.
 class mute_listener {
  public:
-  mute_listener() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof(a);
-    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-    REQUIRE(listen(fd_, 16) == 0);
-    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &length) == 0);
-    port_ = ntohs(a.sin_port);
-  }
+  mute_listener() { std::tie(fd_, port_) = loopback_socket(16); }
   mute_listener(const mute_listener&) = delete;
   mute_listener& operator=(const mute_listener&) = delete;
   ~mute_listener() { close(fd_); }
@@ -94,6 +83,32 @@ class mute_listener {
   int fd_ = -1;
   std::uint16_t port_ = 0;
 };
+
+// The hostile peer's answer to a hold: "reply <code> <hold_id> <secret>
+// <plan> <pieces> <bytes received> <reply flags> <bytes with the reply>".
+struct grant_reply {
+  int code = -1;
+  std::uint64_t hold_id = 0;
+  std::uint64_t secret = 0;
+  std::uint64_t plan = 0;
+  std::uint64_t pieces = 0;
+  std::uint64_t received = 0;
+  std::uint64_t flags = 0;
+  std::uint64_t with_reply = 0;
+};
+
+grant_reply grant_of(const std::optional<std::string>& line) {
+  REQUIRE(line);
+  INFO(*line);
+  std::istringstream in(*line);
+  std::string word;
+  grant_reply g;
+  in >> word >> g.code >> g.hold_id >> g.secret >> g.plan >> g.pieces >> g.received >> g.flags >>
+      g.with_reply;
+  REQUIRE(word == "reply");
+  REQUIRE_FALSE(in.fail());  // every field there
+  return g;
+}
 
 }  // namespace
 
@@ -198,19 +213,12 @@ TEST_CASE("a small tensor's bytes come with the grant, and its hold ends without
   auto hostile = start_hostile(transports);
   connect(*hostile, d);
   // reply 0 <hold> <secret> <plan whole> <1 piece> <0 as pieces> <flags 1> <4096 with it>
-  std::optional<std::string> reply = hostile->ask("hold " + hex(d) + " 1 0 1");
-  REQUIRE(reply);
-  std::istringstream fields(*reply);
-  std::string word;
-  std::uint64_t code = 9, hold_id = 9, secret = 9, plan = 9, pieces = 9, received = 9, flags = 9,
-                with_reply = 9;
-  fields >> word >> code >> hold_id >> secret >> plan >> pieces >> received >> flags >> with_reply;
-  CHECK(word == "reply");
-  CHECK(code == 0);
-  CHECK(pieces == 1);
-  CHECK(received == 0);
-  CHECK(flags == 1);
-  CHECK(with_reply == 4096);
+  const grant_reply g = grant_of(hostile->ask("hold " + hex(d) + " 1 0 1"));
+  CHECK(g.code == 0);
+  CHECK(g.pieces == 1);
+  CHECK(g.received == 0);
+  CHECK(g.flags == 1);
+  CHECK(g.with_reply == 4096);
   REQUIRE(peer_reaches(*peer, "deleted", 1));  // long before the lease's 60 s
   REQUIRE(peer_count(*peer, "publications") == 0);
   // The one hold was granted and ended: the lease is gone.
@@ -613,23 +621,16 @@ TEST_CASE("an exporter sends a strided tensor run by run only where runs pay on 
   auto p = publish_here(*out->node, "every_other_row", {rows, floats});
   auto hostile = start_hostile(transports);
   connect(*hostile, p->descriptor);
-  std::optional<std::string> granted = hostile->ask("hold " + hex(p->descriptor) + " 1 0");
-  REQUIRE(granted);
-  INFO(*granted);
-  std::istringstream reply(*granted);
-  std::string word;
-  int code = -1;
-  std::uint64_t hold_id = 0, secret = 0, got_plan = 0, pieces = 0, received = 0;
-  reply >> word >> code >> hold_id >> secret >> got_plan >> pieces >> received;
-  REQUIRE(code == 0);
-  CHECK(got_plan == plan);  // 3: runs, 4: gathered
+  const grant_reply g = grant_of(hostile->ask("hold " + hex(p->descriptor) + " 1 0"));
+  REQUIRE(g.code == 0);
+  CHECK(g.plan == plan);  // 3: runs, 4: gathered
   const std::uint64_t bytes = static_cast<std::uint64_t>(rows * floats) * sizeof(float);
-  CHECK(pieces == (plan == 3 ? static_cast<std::uint64_t>(rows)
-                             : (bytes + remote_detail::max_piece_bytes - 1) /
-                                   remote_detail::max_piece_bytes));
-  CHECK(received == static_cast<std::uint64_t>(rows * floats) * sizeof(float));
+  CHECK(g.pieces == (plan == 3 ? static_cast<std::uint64_t>(rows)
+                               : (bytes + remote_detail::max_piece_bytes - 1) /
+                                     remote_detail::max_piece_bytes));
+  CHECK(g.received == bytes);
   REQUIRE(hostile->ask("release " + std::to_string(p->descriptor.lease_id) + " " +
-                       std::to_string(hold_id) + " " + std::to_string(secret)) == "sent");
+                       std::to_string(g.hold_id) + " " + std::to_string(g.secret)) == "sent");
   REQUIRE(testing::eventually([&] { return p->count.calls.load() == 1; }));
   REQUIRE(hostile->ask("quit") == "bye");
 }
@@ -747,34 +748,24 @@ TEST_CASE("a bundle's hold request is checked member by member before anything i
   }
   REQUIRE(peer_count(*peer, "deleted") == 0);
   // The honest list is granted, and every member's bytes come.
-  std::optional<std::string> granted = hostile->ask("hold_members " + bundle_hex + " honest");
-  REQUIRE(granted);
-  std::istringstream reply(*granted);
-  std::string word;
-  int code = -1;
-  std::uint64_t hold_id = 0, secret = 0, plan = 0, pieces = 0, received = 0;
-  reply >> word >> code >> hold_id >> secret >> plan >> pieces >> received;
-  REQUIRE(code == 0);
-  REQUIRE(pieces == 3);
-  REQUIRE(received == 4096 + 8192 + 100);
-  REQUIRE(hostile->ask("release " + std::to_string(b.lease_id) + " " + std::to_string(hold_id) +
-                       " " + std::to_string(secret)) == "sent");
+  const grant_reply g = grant_of(hostile->ask("hold_members " + bundle_hex + " honest"));
+  REQUIRE(g.code == 0);
+  REQUIRE(g.pieces == 3);
+  REQUIRE(g.received == 4096 + 8192 + 100);
+  REQUIRE(hostile->ask("release " + std::to_string(b.lease_id) + " " + std::to_string(g.hold_id) +
+                       " " + std::to_string(g.secret)) == "sent");
   REQUIRE(peer_reaches(*peer, "deleted", 3));
 
   // Small members all in the grant: the hold ends with it, no release.
   line = peer->ask("publish_bundle 1:8:1 contiguous:4096,contiguous:100 1 20000 5");
   REQUIRE(line);
   const std::string small_hex = line->substr(7);
-  std::optional<std::string> with = hostile->ask("hold_members " + small_hex + " with_grant");
-  REQUIRE(with);
-  std::istringstream answer(*with);
-  std::uint64_t flags = 0, with_reply = 0;
-  answer >> word >> code >> hold_id >> secret >> plan >> pieces >> received >> flags >> with_reply;
-  REQUIRE(code == 0);
-  REQUIRE(hold_id == 0);
-  REQUIRE(flags == 1);
+  const grant_reply with = grant_of(hostile->ask("hold_members " + small_hex + " with_grant"));
+  REQUIRE(with.code == 0);
+  REQUIRE(with.hold_id == 0);
+  REQUIRE(with.flags == 1);
   // Two plans, a packed header, two records, and the bytes.
-  REQUIRE(with_reply == 2 * 16 + 24 + 2 * 16 + 4096 + 100);
+  REQUIRE(with.with_reply == 2 * 16 + 24 + 2 * 16 + 4096 + 100);
   REQUIRE(peer_reaches(*peer, "deleted", 5));
   // Up to 64 KiB of one-piece members in all, whatever their sizes, go with
   // the grant; a byte more, and the hold is granted for the pieces.
@@ -783,16 +774,17 @@ TEST_CASE("a bundle's hold request is checked member by member before anything i
     INFO(members);
     line = peer->ask("publish_bundle 1:8:1 " + members + " 1 20000 5");
     REQUIRE(line);
-    std::istringstream big(*hostile->ask("hold_members " + line->substr(7) + " with_grant"));
-    big >> word >> code >> hold_id >> secret >> plan >> pieces >> received >> flags >> with_reply;
-    REQUIRE(code == 0);
-    REQUIRE(flags == (in_grant ? 1U : 0U));
-    REQUIRE((hold_id == 0) == in_grant);
+    const grant_reply big =
+        grant_of(hostile->ask("hold_members " + line->substr(7) + " with_grant"));
+    REQUIRE(big.code == 0);
+    REQUIRE(big.flags == (in_grant ? 1U : 0U));
+    REQUIRE((big.hold_id == 0) == in_grant);
     if (!in_grant) {
-      REQUIRE(received == 65537);
+      REQUIRE(big.received == 65537);
       const remote_bundle granted = *remote_bundle::decode(testing::from_hex(line->substr(7)));
       REQUIRE(hostile->ask("release " + std::to_string(granted.lease_id) + " " +
-                           std::to_string(hold_id) + " " + std::to_string(secret)) == "sent");
+                           std::to_string(big.hold_id) + " " + std::to_string(big.secret)) ==
+              "sent");
     }
   }
   REQUIRE(peer_reaches(*peer, "deleted", 9));

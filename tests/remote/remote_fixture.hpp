@@ -3,12 +3,17 @@
 // arrives.
 #pragma once
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "asio/bind_cancellation_slot.hpp"
@@ -44,6 +49,21 @@ struct importer {
 
 // A node with options `o` on a runtime of its own, with a copy budget of
 // `budget` (0: the default).
+// A TCP socket bound to a free port of loopback, listening with `backlog`
+// (none when 0): its descriptor, which the caller closes, and its port.
+inline std::pair<int, std::uint16_t> loopback_socket(int backlog) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(a);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  if (backlog > 0) REQUIRE(listen(fd, backlog) == 0);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &length) == 0);
+  return {fd, ntohs(a.sin_port)};
+}
+
 inline std::unique_ptr<importer> make_importer(const remote_node_options& o,
                                                std::uint64_t budget = 0) {
   auto i = std::make_unique<importer>();
